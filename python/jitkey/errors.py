@@ -1,0 +1,62 @@
+"""Exceptions raised by jitkey.
+
+Every error jitkey raises derives from :class:`JitKeyError` and from the builtin exception a caller
+would catch for that kind of mistake, so ``except TypeError`` keeps working for code that does not
+know about jitkey.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArgumentError",
+    "GlobalsChangedError",
+    "IndexClosedError",
+    "JitKeyError",
+    "KeyDepthError",
+    "KeyLengthError",
+    "SignatureError",
+    "UnsupportedKeyError",
+    "ValueTooLargeError",
+]
+
+
+class JitKeyError(Exception):
+    """Base class for every error jitkey raises."""
+
+
+class UnsupportedKeyError(JitKeyError, TypeError):
+    """A value has a type jitkey cannot put in a key (it is never keyed through ``repr()``).
+
+    The message names the type and its position in the key tree, e.g. ``value[2][0]``.
+    """
+
+
+class KeyDepthError(JitKeyError, ValueError):
+    """A key tree is nested deeper than :data:`jitkey.MAX_DEPTH` (tuples or ``__jitkey__`` chains)."""
+
+
+class KeyLengthError(JitKeyError, ValueError):
+    """A str, bytes or tuple in a key is longer than the encoding's 32-bit length prefix."""
+
+
+class SignatureError(JitKeyError, TypeError):
+    """A :class:`jitkey.Signature` was described with invalid rules."""
+
+
+class ArgumentError(JitKeyError, TypeError):
+    """Call arguments do not fit a signature (wrong count, or a type its rule cannot key).
+
+    The message names the parameter.
+    """
+
+
+class IndexClosedError(JitKeyError, ValueError):
+    """A :class:`jitkey.DiskIndex` was used after ``close()``."""
+
+
+class ValueTooLargeError(JitKeyError, ValueError):
+    """A value is larger than the store accepts."""
+
+
+class GlobalsChangedError(JitKeyError, RuntimeError):
+    """A global a kernel reads changed since it was compiled (the cached kernel would be stale)."""

@@ -1,0 +1,13 @@
+//! jitkey-core: the pure-Rust half of jitkey.
+//!
+//! Nothing in this crate knows about Python; the PyO3 binding (`rust/py`) walks Python objects
+//! and drives the types here. That keeps every invariant below testable with `cargo test` alone.
+//!
+//! * [`key`]: the canonical, injective, versioned key encoding, its blake2b-256 digest and the
+//!   per-process seeded fast hash used by in-memory tables.
+//! * [`lru`]: the bounded concurrent cache (key encoding → value) behind `jitkey.LruCache`.
+
+pub mod key;
+pub mod lru;
+
+pub use key::{digest, Encoder, FastHashState, KeyError, Value};

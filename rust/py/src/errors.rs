@@ -1,0 +1,5 @@
+//! Python exceptions live in `jitkey/errors.py` (documented and typed there); Rust imports them.
+
+pyo3::import_exception!(jitkey.errors, UnsupportedKeyError);
+pyo3::import_exception!(jitkey.errors, KeyDepthError);
+pyo3::import_exception!(jitkey.errors, KeyLengthError);

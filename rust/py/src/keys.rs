@@ -1,0 +1,395 @@
+//! Python value → canonical encoding (format v1, see `jitkey_core::key`).
+//!
+//! The walk dispatches on the *exact* type of each object, so a subclass can never smuggle in its
+//! own `__eq__`/`__hash__`/`__str__`; nothing is ever keyed through `repr()` or `str()`.
+//! Exact builtins are read through the C API (borrowed tuple items, cached UTF-8 of str objects);
+//! `torch.dtype` / `torch.device` are recognised by their type objects, cached on first sight;
+//! any other object must define `__jitkey__()`, else the walk fails naming the type and position.
+
+use std::cell::Cell;
+use std::ffi::c_int;
+use std::ptr::addr_of_mut;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::RwLock;
+
+use jitkey_core::key::{Encoder, FastHashState, KeyError, MAX_DEPTH};
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use crate::errors::{KeyDepthError, KeyLengthError, UnsupportedKeyError};
+
+/// One step of the path from the root of a key tree to the failing leaf.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Step {
+    Index(usize),
+    JitKey,
+}
+
+/// Why a walk failed, with the path to the failing object (outermost step first once reversed).
+#[derive(Debug)]
+pub(crate) struct WalkError {
+    kind: WalkErrorKind,
+    /// Innermost step first: steps are pushed while the error unwinds.
+    path: Vec<Step>,
+}
+
+#[derive(Debug)]
+enum WalkErrorKind {
+    Unsupported { type_name: String, why: &'static str },
+    Key(KeyError),
+    Py(PyErr),
+}
+
+impl WalkError {
+    fn unsupported(obj: &Bound<'_, PyAny>, why: &'static str) -> Self {
+        let ty = obj.get_type();
+        let type_name =
+            ty.fully_qualified_name().map_or_else(|_| "<unknown type>".to_owned(), |n| n.to_string());
+        Self { kind: WalkErrorKind::Unsupported { type_name, why }, path: Vec::new() }
+    }
+
+    fn at(mut self, step: Step) -> Self {
+        self.path.push(step);
+        self
+    }
+
+    /// Renders the failing position as `root[2][0].__jitkey__()`.
+    pub(crate) fn position(&self, root: &str) -> String {
+        let mut s = root.to_owned();
+        for step in self.path.iter().rev() {
+            match step {
+                Step::Index(i) => {
+                    s.push('[');
+                    s.push_str(&i.to_string());
+                    s.push(']');
+                }
+                Step::JitKey => s.push_str(".__jitkey__()"),
+            }
+        }
+        s
+    }
+
+    /// The Python exception for this failure; `root` names the top of the tree in the message.
+    #[cold]
+    pub(crate) fn into_pyerr(self, py: Python<'_>, root: &str) -> PyErr {
+        let at = self.position(root);
+        match self.kind {
+            WalkErrorKind::Unsupported { type_name, why } => UnsupportedKeyError::new_err(format!(
+                "cannot key a value of type '{type_name}' at {at}: {why}"
+            )),
+            WalkErrorKind::Key(e @ KeyError::TooDeep { .. }) => {
+                KeyDepthError::new_err(format!("{e} (at {at})"))
+            }
+            WalkErrorKind::Key(e @ KeyError::TooLong { .. }) => {
+                KeyLengthError::new_err(format!("{e} (at {at})"))
+            }
+            WalkErrorKind::Key(e) => {
+                UnsupportedKeyError::new_err(format!("cannot key the value at {at}: {e}"))
+            }
+            WalkErrorKind::Py(err) => {
+                let wrapped = UnsupportedKeyError::new_err(format!(
+                    "computing the key at {at} raised {}",
+                    err.get_type(py).name().map_or_else(|_| "an exception".into(), |n| n.to_string())
+                ));
+                wrapped.set_cause(py, Some(err));
+                wrapped
+            }
+        }
+    }
+}
+
+impl From<KeyError> for WalkError {
+    fn from(e: KeyError) -> Self {
+        Self { kind: WalkErrorKind::Key(e), path: Vec::new() }
+    }
+}
+
+impl From<PyErr> for WalkError {
+    fn from(e: PyErr) -> Self {
+        Self { kind: WalkErrorKind::Py(e), path: Vec::new() }
+    }
+}
+
+pub(crate) type WalkResult<T = ()> = Result<T, WalkError>;
+
+const UNSUPPORTED_WHY: &str = "jitkey keys None, bool, int, float, str, bytes, tuple, torch.dtype, \
+     torch.device and objects defining __jitkey__(); subclasses of builtins need __jitkey__() too";
+
+// ---- torch type recognition --------------------------------------------------------------------
+
+static DTYPE_TYPE: AtomicPtr<ffi::PyTypeObject> = AtomicPtr::new(std::ptr::null_mut());
+static DEVICE_TYPE: AtomicPtr<ffi::PyTypeObject> = AtomicPtr::new(std::ptr::null_mut());
+
+/// dtype object → short name. torch's dtype objects are module-level singletons; the entries hold
+/// a strong reference (`Py`), so a pointer can never be reused by another object.
+type DtypeEntry = (usize, Box<str>, Py<PyAny>);
+static DTYPE_NAMES: RwLock<Vec<DtypeEntry>> = RwLock::new(Vec::new());
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TorchKind {
+    Dtype,
+    Device,
+}
+
+/// Whether `tp` is `torch.dtype` / `torch.device`. The fast check is a pointer compare; the first
+/// sighting of each type checks `__module__`/`__name__` and caches the (leaked, immortal) type.
+fn torch_kind(obj: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject) -> Option<TorchKind> {
+    if tp == DTYPE_TYPE.load(Ordering::Acquire) {
+        return Some(TorchKind::Dtype);
+    }
+    if tp == DEVICE_TYPE.load(Ordering::Acquire) {
+        return Some(TorchKind::Device);
+    }
+    let ty = obj.get_type();
+    let py = obj.py();
+    let module = ty.getattr(intern!(py, "__module__")).ok()?;
+    if module.extract::<&str>().ok()? != "torch" {
+        return None;
+    }
+    let name = ty.name().ok()?;
+    let (kind, slot) = match name.to_str().ok()? {
+        "dtype" => (TorchKind::Dtype, &DTYPE_TYPE),
+        "device" => (TorchKind::Device, &DEVICE_TYPE),
+        _ => return None,
+    };
+    // Keep the type alive forever: the cached pointer must never dangle.
+    std::mem::forget(ty.clone().unbind());
+    slot.store(tp, Ordering::Release);
+    Some(kind)
+}
+
+fn dtype_name(obj: &Bound<'_, PyAny>) -> WalkResult<Box<str>> {
+    let key = obj.as_ptr() as usize;
+    if let Ok(names) = DTYPE_NAMES.read() {
+        if let Some((_, name, _)) = names.iter().find(|(p, _, _)| *p == key) {
+            return Ok(name.clone());
+        }
+    }
+    // str(torch.float32) == "torch.float32": the exact type was checked, so this is torch's own,
+    // fixed spelling of the dtype, not a user-controlled repr.
+    let full = obj.str()?;
+    let full = full.to_str()?;
+    let short: Box<str> = full.strip_prefix("torch.").unwrap_or(full).into();
+    if let Ok(mut names) = DTYPE_NAMES.write() {
+        if !names.iter().any(|(p, _, _)| *p == key) {
+            names.push((key, short.clone(), obj.clone().unbind()));
+        }
+    }
+    Ok(short)
+}
+
+fn encode_device(obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> WalkResult {
+    let py = obj.py();
+    let dev_type = obj.getattr(intern!(py, "type"))?;
+    let dev_type = dev_type.extract::<&str>()?;
+    let index = obj.getattr(intern!(py, "index"))?;
+    let index = if index.is_none() { None } else { Some(index.extract::<i64>()?) };
+    enc.device(dev_type, index)?;
+    Ok(())
+}
+
+// ---- the walk ----------------------------------------------------------------------------------
+
+#[inline]
+fn is_type(tp: *mut ffi::PyTypeObject, builtin: *mut ffi::PyTypeObject) -> bool {
+    std::ptr::eq(tp, builtin)
+}
+
+/// Appends the canonical encoding of `obj` to `enc`.
+///
+/// # Errors
+/// A [`WalkError`] naming the failing position; `enc` may hold a partial encoding then.
+pub(crate) fn encode_into(obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> WalkResult {
+    walk(obj, enc, 0)
+}
+
+fn walk(obj: &Bound<'_, PyAny>, enc: &mut Encoder, depth: usize) -> WalkResult {
+    let ptr = obj.as_ptr();
+    // SAFETY: `ptr` is a live object (we hold a Bound); the type objects are static builtins.
+    unsafe {
+        let tp = ffi::Py_TYPE(ptr);
+        if ptr == ffi::Py_None() {
+            enc.none();
+            return Ok(());
+        }
+        if is_type(tp, addr_of_mut!(ffi::PyLong_Type)) {
+            return walk_int(obj, enc);
+        }
+        if is_type(tp, addr_of_mut!(ffi::PyBool_Type)) {
+            enc.bool(ptr == ffi::Py_True());
+            return Ok(());
+        }
+        if is_type(tp, addr_of_mut!(ffi::PyUnicode_Type)) {
+            let mut size: ffi::Py_ssize_t = 0;
+            let data = ffi::PyUnicode_AsUTF8AndSize(ptr, &mut size);
+            if data.is_null() {
+                // Lone surrogates have no UTF-8 form; refuse rather than key a lossy version.
+                let _ = PyErr::take(obj.py());
+                return Err(WalkError::unsupported(obj, "str contains lone surrogates (not UTF-8)"));
+            }
+            let bytes = std::slice::from_raw_parts(data.cast::<u8>(), size as usize);
+            enc.str(std::str::from_utf8_unchecked(bytes))?;
+            return Ok(());
+        }
+        if is_type(tp, addr_of_mut!(ffi::PyTuple_Type)) {
+            return walk_tuple(obj, enc, depth);
+        }
+        if is_type(tp, addr_of_mut!(ffi::PyFloat_Type)) {
+            enc.float(ffi::PyFloat_AsDouble(ptr));
+            return Ok(());
+        }
+        if is_type(tp, addr_of_mut!(ffi::PyBytes_Type)) {
+            let data = ffi::PyBytes_AsString(ptr);
+            let size = ffi::PyBytes_Size(ptr);
+            let bytes = std::slice::from_raw_parts(data.cast::<u8>(), size as usize);
+            enc.bytes(bytes)?;
+            return Ok(());
+        }
+        walk_other(obj, tp, enc, depth)
+    }
+}
+
+#[inline]
+fn walk_int(obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> WalkResult {
+    let mut overflow: c_int = 0;
+    // SAFETY: obj is an exact int.
+    let v = unsafe { ffi::PyLong_AsLongLongAndOverflow(obj.as_ptr(), &mut overflow) };
+    if overflow == 0 {
+        enc.int(v);
+        return Ok(());
+    }
+    walk_bigint(obj, enc)
+}
+
+#[cold]
+fn walk_bigint(obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> WalkResult {
+    let py = obj.py();
+    let bits: usize = obj.call_method0(intern!(py, "bit_length"))?.extract()?;
+    let nbytes = (bits + 8) / 8;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item(intern!(py, "signed"), true)?;
+    let raw = obj.call_method(intern!(py, "to_bytes"), (nbytes, intern!(py, "little")), Some(&kwargs))?;
+    let raw = raw.cast::<PyBytes>().map_err(PyErr::from)?;
+    enc.bigint_le(raw.as_bytes())?;
+    Ok(())
+}
+
+fn walk_tuple(obj: &Bound<'_, PyAny>, enc: &mut Encoder, depth: usize) -> WalkResult {
+    if depth >= MAX_DEPTH {
+        return Err(KeyError::TooDeep { limit: MAX_DEPTH }.into());
+    }
+    let ptr = obj.as_ptr();
+    // SAFETY: exact tuple; items are borrowed from an immutable tuple we keep alive.
+    let len = unsafe { ffi::PyTuple_Size(ptr) } as usize;
+    enc.tuple_header(len)?;
+    for i in 0..len {
+        let item = unsafe { ffi::PyTuple_GetItem(ptr, i as ffi::Py_ssize_t) };
+        let item = unsafe { Borrowed::from_ptr(obj.py(), item) };
+        walk(&item, enc, depth + 1).map_err(|e| e.at(Step::Index(i)))?;
+    }
+    Ok(())
+}
+
+#[cold]
+fn walk_other(
+    obj: &Bound<'_, PyAny>,
+    tp: *mut ffi::PyTypeObject,
+    enc: &mut Encoder,
+    depth: usize,
+) -> WalkResult {
+    let py = obj.py();
+    match torch_kind(obj, tp) {
+        Some(TorchKind::Dtype) => {
+            let name = dtype_name(obj)?;
+            enc.dtype(&name)?;
+            return Ok(());
+        }
+        Some(TorchKind::Device) => return encode_device(obj, enc),
+        None => {}
+    }
+    let ty = obj.get_type();
+    if !ty.hasattr(intern!(py, "__jitkey__"))? {
+        return Err(WalkError::unsupported(obj, UNSUPPORTED_WHY));
+    }
+    if depth >= MAX_DEPTH {
+        return Err(KeyError::TooDeep { limit: MAX_DEPTH }.into());
+    }
+    let type_name = ty.fully_qualified_name()?;
+    enc.object_header(type_name.to_str()?)?;
+    let value =
+        obj.call_method0(intern!(py, "__jitkey__")).map_err(|e| WalkError::from(e).at(Step::JitKey))?;
+    walk(&value, enc, depth + 1).map_err(|e| e.at(Step::JitKey))
+}
+
+// ---- the Python API ----------------------------------------------------------------------------
+
+thread_local! {
+    /// Reused encoding buffer. Taken (not borrowed) for the duration of a call, so a re-entrant
+    /// call from a `__jitkey__` method simply gets a fresh buffer.
+    static BUF: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+/// Runs `f` with a cleared thread-local encoder and returns its result.
+pub(crate) fn with_encoder<R>(f: impl FnOnce(&mut Encoder) -> R) -> R {
+    let mut enc = Encoder::from_vec(BUF.with(Cell::take));
+    let out = f(&mut enc);
+    let mut buf = enc.into_vec();
+    if buf.capacity() <= 1 << 16 {
+        buf.clear();
+        BUF.with(|b| b.set(buf));
+    }
+    out
+}
+
+/// The process-wide seeded state of the in-memory hash.
+pub(crate) fn fast_hash_state() -> &'static FastHashState {
+    static STATE: std::sync::OnceLock<FastHashState> = std::sync::OnceLock::new();
+    STATE.get_or_init(FastHashState::new)
+}
+
+/// Encodes `value` with a thread-local buffer and hands the bytes to `f`.
+pub(crate) fn with_encoding<R>(
+    value: &Bound<'_, PyAny>,
+    root: &str,
+    f: impl FnOnce(&[u8]) -> R,
+) -> PyResult<R> {
+    with_encoder(|enc| match encode_into(value, enc) {
+        Ok(()) => Ok(f(enc.as_bytes())),
+        Err(e) => Err(e.into_pyerr(value.py(), root)),
+    })
+}
+
+/// encode(value, /) -> bytes
+#[pyfunction]
+fn encode<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+    with_encoding(value, "value", |b| PyBytes::new(value.py(), b))
+}
+
+/// digest(value, /) -> bytes
+#[pyfunction]
+fn digest<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+    let d = with_encoding(value, "value", jitkey_core::key::digest)?;
+    Ok(PyBytes::new(value.py(), &d))
+}
+
+/// fast_hash(value, /) -> int
+#[pyfunction]
+fn fast_hash(value: &Bound<'_, PyAny>) -> PyResult<u64> {
+    with_encoding(value, "value", |b| fast_hash_state().hash(b))
+}
+
+/// digest_encoding(encoding, /) -> bytes: the digest of an encoding obtained from `encode`.
+#[pyfunction]
+fn digest_encoding<'py>(py: Python<'py>, encoding: &[u8]) -> Bound<'py, PyBytes> {
+    PyBytes::new(py, &jitkey_core::key::digest(encoding))
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(encode, m)?)?;
+    m.add_function(wrap_pyfunction!(digest, m)?)?;
+    m.add_function(wrap_pyfunction!(fast_hash, m)?)?;
+    m.add_function(wrap_pyfunction!(digest_encoding, m)?)?;
+    Ok(())
+}

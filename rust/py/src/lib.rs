@@ -1,0 +1,18 @@
+//! jitkey._core: the PyO3 binding of jitkey-core. Wiring only; each concept has its own module.
+
+use pyo3::prelude::*;
+
+mod errors;
+mod keys;
+mod lru;
+
+#[pymodule(gil_used = false)]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("FORMAT_VERSION", jitkey_core::key::FORMAT_VERSION)?;
+    m.add("MAX_DEPTH", jitkey_core::key::MAX_DEPTH)?;
+    m.add("DIGEST_DOMAIN", pyo3::types::PyBytes::new(m.py(), jitkey_core::key::DIGEST_DOMAIN))?;
+    keys::register(m)?;
+    lru::register(m)?;
+    Ok(())
+}
