@@ -140,6 +140,7 @@ pub struct Encoder {
     buf: Vec<u8>,
 }
 
+#[inline]
 fn len_u32(what: &'static str, len: usize) -> Result<u32, KeyError> {
     u32::try_from(len).map_err(|_| KeyError::TooLong { what, len })
 }
@@ -296,9 +297,9 @@ impl Encoder {
     #[inline]
     fn prefixed(&mut self, t: u8, what: &'static str, v: &[u8]) -> Result<(), KeyError> {
         let len = len_u32(what, v.len())?;
+        let l = len.to_le_bytes();
         self.buf.reserve(5 + v.len());
-        self.buf.push(t);
-        self.buf.extend_from_slice(&len.to_le_bytes());
+        self.buf.extend_from_slice(&[t, l[0], l[1], l[2], l[3]]);
         self.buf.extend_from_slice(v);
         Ok(())
     }
@@ -309,9 +310,8 @@ impl Encoder {
     /// [`KeyError::TooLong`] past 2**32 − 1 items.
     #[inline]
     pub fn tuple_header(&mut self, len: usize) -> Result<(), KeyError> {
-        let len = len_u32("tuple", len)?;
-        self.buf.push(tag::TUPLE);
-        self.buf.extend_from_slice(&len.to_le_bytes());
+        let l = len_u32("tuple", len)?.to_le_bytes();
+        self.buf.extend_from_slice(&[tag::TUPLE, l[0], l[1], l[2], l[3]]);
         Ok(())
     }
 
@@ -420,6 +420,8 @@ pub enum Value {
     Bool(bool),
     /// An int of any size up to i128.
     Int(i128),
+    /// An int of any size, as two's-complement little-endian bytes.
+    BigInt(Vec<u8>),
     /// A float (compared bit-exactly by the encoding, NaNs folded).
     Float(f64),
     /// A str.
@@ -453,6 +455,18 @@ impl Value {
             Value::None => e.none(),
             Value::Bool(b) => e.bool(*b),
             Value::Int(i) => e.int128(*i),
+            Value::BigInt(b) => {
+                if b.len() <= 8 {
+                    let mut full = [if b.last().is_some_and(|x| x & 0x80 != 0) { 0xff } else { 0 }; 8];
+                    full[..b.len()].copy_from_slice(b);
+                    e.int(i64::from_le_bytes(full));
+                } else if e.bigint_le(b).is_err() {
+                    // Only reachable for over-long sign extension of an i64 value.
+                    let mut full = [if b[b.len() - 1] & 0x80 != 0 { 0xff } else { 0 }; 8];
+                    full.copy_from_slice(&b[..8]);
+                    e.int(i64::from_le_bytes(full));
+                }
+            }
             Value::Float(f) => e.float(*f),
             Value::Str(s) => e.str(s)?,
             Value::Bytes(b) => e.bytes(b)?,
@@ -494,6 +508,9 @@ impl Value {
                 a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same_key(y))
             }
             (Value::Object(n1, v1), Value::Object(n2, v2)) => n1 == n2 && v1.same_key(v2),
+            (Value::Int(_) | Value::BigInt(_), Value::Int(_) | Value::BigInt(_)) => {
+                self.encode().ok() == other.encode().ok()
+            }
             _ => self == other,
         }
     }

@@ -27,9 +27,13 @@ pub(crate) enum Step {
     JitKey,
 }
 
-/// Why a walk failed, with the path to the failing object (outermost step first once reversed).
+/// Why a walk failed, with the path to the failing object. Boxed, so that the `Result` every
+/// level of the walk returns stays one word wide on the (error-free) hot path.
 #[derive(Debug)]
-pub(crate) struct WalkError {
+pub(crate) struct WalkError(Box<WalkErrorInner>);
+
+#[derive(Debug)]
+struct WalkErrorInner {
     kind: WalkErrorKind,
     /// Innermost step first: steps are pushed while the error unwinds.
     path: Vec<Step>,
@@ -43,22 +47,29 @@ enum WalkErrorKind {
 }
 
 impl WalkError {
+    #[cold]
+    fn new(kind: WalkErrorKind) -> Self {
+        Self(Box::new(WalkErrorInner { kind, path: Vec::new() }))
+    }
+
+    #[cold]
     fn unsupported(obj: &Bound<'_, PyAny>, why: &'static str) -> Self {
         let ty = obj.get_type();
         let type_name =
             ty.fully_qualified_name().map_or_else(|_| "<unknown type>".to_owned(), |n| n.to_string());
-        Self { kind: WalkErrorKind::Unsupported { type_name, why }, path: Vec::new() }
+        Self::new(WalkErrorKind::Unsupported { type_name, why })
     }
 
+    #[cold]
     fn at(mut self, step: Step) -> Self {
-        self.path.push(step);
+        self.0.path.push(step);
         self
     }
 
     /// Renders the failing position as `root[2][0].__jitkey__()`.
     pub(crate) fn position(&self, root: &str) -> String {
         let mut s = root.to_owned();
-        for step in self.path.iter().rev() {
+        for step in self.0.path.iter().rev() {
             match step {
                 Step::Index(i) => {
                     s.push('[');
@@ -75,7 +86,7 @@ impl WalkError {
     #[cold]
     pub(crate) fn into_pyerr(self, py: Python<'_>, root: &str) -> PyErr {
         let at = self.position(root);
-        match self.kind {
+        match self.0.kind {
             WalkErrorKind::Unsupported { type_name, why } => UnsupportedKeyError::new_err(format!(
                 "cannot key a value of type '{type_name}' at {at}: {why}"
             )),
@@ -101,14 +112,16 @@ impl WalkError {
 }
 
 impl From<KeyError> for WalkError {
+    #[cold]
     fn from(e: KeyError) -> Self {
-        Self { kind: WalkErrorKind::Key(e), path: Vec::new() }
+        Self::new(WalkErrorKind::Key(e))
     }
 }
 
 impl From<PyErr> for WalkError {
+    #[cold]
     fn from(e: PyErr) -> Self {
-        Self { kind: WalkErrorKind::Py(e), path: Vec::new() }
+        Self::new(WalkErrorKind::Py(e))
     }
 }
 
@@ -206,61 +219,88 @@ pub(crate) fn encode_into(obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> WalkResu
 }
 
 fn walk(obj: &Bound<'_, PyAny>, enc: &mut Encoder, depth: usize) -> WalkResult {
+    // SAFETY: `obj` is a live object; `Py_TYPE` reads its type pointer.
+    let tp = unsafe { ffi::Py_TYPE(obj.as_ptr()) };
+    match leaf(obj, tp, enc) {
+        Leaf::Done => Ok(()),
+        Leaf::Err(e) => Err(e),
+        Leaf::Tuple => walk_tuple(obj, enc, depth),
+        Leaf::Other => walk_other(obj, tp, enc, depth),
+    }
+}
+
+enum Leaf {
+    Done,
+    Tuple,
+    Other,
+    Err(WalkError),
+}
+
+/// Encodes `obj` if it is an exact scalar builtin. Kept inline in the tuple loop, so scalar items
+/// cost no recursive call (the walk's frame is large; its prologue dominated the profile).
+#[inline(always)]
+fn leaf(obj: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject, enc: &mut Encoder) -> Leaf {
     let ptr = obj.as_ptr();
-    // SAFETY: `ptr` is a live object (we hold a Bound); the type objects are static builtins.
+    // SAFETY: `ptr` is a live object of type `tp`; the builtin type objects are static, and
+    // each branch calls only C-API functions valid for that exact type.
     unsafe {
-        let tp = ffi::Py_TYPE(ptr);
-        if ptr == ffi::Py_None() {
-            enc.none();
-            return Ok(());
-        }
-        if is_type(tp, addr_of_mut!(ffi::PyLong_Type)) {
-            return walk_int(obj, enc);
-        }
-        if is_type(tp, addr_of_mut!(ffi::PyBool_Type)) {
-            enc.bool(ptr == ffi::Py_True());
-            return Ok(());
-        }
         if is_type(tp, addr_of_mut!(ffi::PyUnicode_Type)) {
             let mut size: ffi::Py_ssize_t = 0;
             let data = ffi::PyUnicode_AsUTF8AndSize(ptr, &mut size);
             if data.is_null() {
-                // Lone surrogates have no UTF-8 form; refuse rather than key a lossy version.
-                let _ = PyErr::take(obj.py());
-                return Err(WalkError::unsupported(obj, "str contains lone surrogates (not UTF-8)"));
+                return Leaf::Err(lone_surrogates(obj));
             }
             let bytes = std::slice::from_raw_parts(data.cast::<u8>(), size as usize);
-            enc.str(std::str::from_utf8_unchecked(bytes))?;
-            return Ok(());
+            return match enc.str(std::str::from_utf8_unchecked(bytes)) {
+                Ok(()) => Leaf::Done,
+                Err(e) => Leaf::Err(e.into()),
+            };
+        }
+        if is_type(tp, addr_of_mut!(ffi::PyLong_Type)) {
+            let mut overflow: c_int = 0;
+            let v = ffi::PyLong_AsLongLongAndOverflow(ptr, &mut overflow);
+            if overflow == 0 {
+                enc.int(v);
+                return Leaf::Done;
+            }
+            return match walk_bigint(obj, enc) {
+                Ok(()) => Leaf::Done,
+                Err(e) => Leaf::Err(e),
+            };
         }
         if is_type(tp, addr_of_mut!(ffi::PyTuple_Type)) {
-            return walk_tuple(obj, enc, depth);
+            return Leaf::Tuple;
+        }
+        if ptr == ffi::Py_None() {
+            enc.none();
+            return Leaf::Done;
+        }
+        if is_type(tp, addr_of_mut!(ffi::PyBool_Type)) {
+            enc.bool(ptr == ffi::Py_True());
+            return Leaf::Done;
         }
         if is_type(tp, addr_of_mut!(ffi::PyFloat_Type)) {
             enc.float(ffi::PyFloat_AsDouble(ptr));
-            return Ok(());
+            return Leaf::Done;
         }
         if is_type(tp, addr_of_mut!(ffi::PyBytes_Type)) {
             let data = ffi::PyBytes_AsString(ptr);
             let size = ffi::PyBytes_Size(ptr);
             let bytes = std::slice::from_raw_parts(data.cast::<u8>(), size as usize);
-            enc.bytes(bytes)?;
-            return Ok(());
+            return match enc.bytes(bytes) {
+                Ok(()) => Leaf::Done,
+                Err(e) => Leaf::Err(e.into()),
+            };
         }
-        walk_other(obj, tp, enc, depth)
     }
+    Leaf::Other
 }
 
-#[inline]
-fn walk_int(obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> WalkResult {
-    let mut overflow: c_int = 0;
-    // SAFETY: obj is an exact int.
-    let v = unsafe { ffi::PyLong_AsLongLongAndOverflow(obj.as_ptr(), &mut overflow) };
-    if overflow == 0 {
-        enc.int(v);
-        return Ok(());
-    }
-    walk_bigint(obj, enc)
+#[cold]
+fn lone_surrogates(obj: &Bound<'_, PyAny>) -> WalkError {
+    // Lone surrogates have no UTF-8 form; refuse rather than key a lossy version.
+    let _ = PyErr::take(obj.py());
+    WalkError::unsupported(obj, "str contains lone surrogates (not UTF-8)")
 }
 
 #[cold]
@@ -285,9 +325,15 @@ fn walk_tuple(obj: &Bound<'_, PyAny>, enc: &mut Encoder, depth: usize) -> WalkRe
     let len = unsafe { ffi::PyTuple_Size(ptr) } as usize;
     enc.tuple_header(len)?;
     for i in 0..len {
-        let item = unsafe { ffi::PyTuple_GetItem(ptr, i as ffi::Py_ssize_t) };
-        let item = unsafe { Borrowed::from_ptr(obj.py(), item) };
-        walk(&item, enc, depth + 1).map_err(|e| e.at(Step::Index(i)))?;
+        let item = unsafe { Borrowed::from_ptr(obj.py(), ffi::PyTuple_GetItem(ptr, i as ffi::Py_ssize_t)) };
+        let tp = unsafe { ffi::Py_TYPE(item.as_ptr()) };
+        let res = match leaf(&item, tp, enc) {
+            Leaf::Done => continue,
+            Leaf::Err(e) => Err(e),
+            Leaf::Tuple => walk_tuple(&item, enc, depth + 1),
+            Leaf::Other => walk_other(&item, tp, enc, depth + 1),
+        };
+        res.map_err(|e| e.at(Step::Index(i)))?;
     }
     Ok(())
 }
@@ -363,12 +409,14 @@ pub(crate) fn with_encoding<R>(
 
 /// encode(value, /) -> bytes
 #[pyfunction]
+#[pyo3(signature = (value, /))]
 fn encode<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
     with_encoding(value, "value", |b| PyBytes::new(value.py(), b))
 }
 
 /// digest(value, /) -> bytes
 #[pyfunction]
+#[pyo3(signature = (value, /))]
 fn digest<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
     let d = with_encoding(value, "value", jitkey_core::key::digest)?;
     Ok(PyBytes::new(value.py(), &d))
@@ -376,12 +424,14 @@ fn digest<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
 
 /// fast_hash(value, /) -> int
 #[pyfunction]
+#[pyo3(signature = (value, /))]
 fn fast_hash(value: &Bound<'_, PyAny>) -> PyResult<u64> {
     with_encoding(value, "value", |b| fast_hash_state().hash(b))
 }
 
 /// digest_encoding(encoding, /) -> bytes: the digest of an encoding obtained from `encode`.
 #[pyfunction]
+#[pyo3(signature = (encoding, /))]
 fn digest_encoding<'py>(py: Python<'py>, encoding: &[u8]) -> Bound<'py, PyBytes> {
     PyBytes::new(py, &jitkey_core::key::digest(encoding))
 }
