@@ -16,7 +16,7 @@ from typing import Any
 
 @dataclasses.dataclass
 class Case:
-    """One implementation of one benchmark, e.g. ``lookup/4 args`` × ``jitkey Signature.lookup``.
+    """One implementation of one benchmark, e.g. ``lookup/4 args`` with ``jitkey Signature.lookup``.
 
     ``stmt`` is a Python statement timed by :mod:`timeit` with ``env`` as its globals, so the call
     is made directly from the timing loop (no wrapper lambda adds its own call cost). ``check`` runs
