@@ -73,10 +73,11 @@ import sys
 import sysconfig
 import textwrap
 import types
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from itertools import repeat
 from operator import is_
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from jitkey._core import MAX_DEPTH, digest, encode
 from jitkey.errors import FunctionKeyError, GlobalsChangedError, KeyDepthError, UnsupportedKeyError
@@ -179,8 +180,42 @@ def _import_path(obj: object) -> tuple[str, str] | None:
 # Code objects
 
 
-def _global_reads(code: types.CodeType) -> tuple[set[str], set[tuple[str, ...]]]:
+_V = TypeVar("_V")
+
+
+class _PerCode:
+    """Memo of values derived from a code object, keyed by identity, dropped with the code object.
+
+    Code objects compare by content (not filename), so a plain dict would conflate equal code from two
+    files; an id() key is safe because the weak reference's callback removes it before the id is reused.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref[types.CodeType], Any]] = {}
+
+    def get(self, code: types.CodeType, compute: Callable[[types.CodeType], _V]) -> _V:
+        entry = self._entries.get(id(code))
+        if entry is not None and entry[0]() is code:
+            value: _V = entry[1]
+            return value
+        value = compute(code)
+        ident = id(code)
+        entries = self._entries
+        ref = weakref.ref(code, lambda _r: entries.pop(ident, None))
+        entries[ident] = (ref, value)
+        return value
+
+
+_SOURCES = _PerCode()
+_READS = _PerCode()
+
+
+def _global_reads(code: types.CodeType) -> tuple[frozenset[str], frozenset[tuple[str, ...]]]:
     """Names the code (and nested code) loads as globals, and the attribute chains read from them."""
+    return _READS.get(code, _compute_global_reads)
+
+
+def _compute_global_reads(code: types.CodeType) -> tuple[frozenset[str], frozenset[tuple[str, ...]]]:
     names: set[str] = set()
     chains: set[tuple[str, ...]] = set()
     stack = [code]
@@ -203,7 +238,7 @@ def _global_reads(code: types.CodeType) -> tuple[set[str], set[tuple[str, ...]]]
         if current is not None and len(current) > 1:
             chains.add(tuple(current))
         stack.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
-    return names, chains
+    return frozenset(names), frozenset(chains)
 
 
 def _const_tree(value: object, depth: int = 0) -> object:
@@ -245,7 +280,15 @@ def _bytecode_tree(code: types.CodeType, depth: int = 0) -> tuple[object, ...]:
 
 
 def _source_of(code: types.CodeType) -> str | None:
-    """The dedented source of ``code``, or None when it cannot be found or does not match the code."""
+    """The dedented source of ``code``, or None when it cannot be found or does not match the code.
+
+    Memoized per code object: the text first found for a running code object stays its source even
+    if the file is edited afterwards (the code did not change).
+    """
+    return _SOURCES.get(code, _find_source)
+
+
+def _find_source(code: types.CodeType) -> str | None:
     try:
         src = textwrap.dedent(inspect.getsource(code))
     except (OSError, TypeError, IndentationError, SyntaxError):
@@ -355,7 +398,8 @@ class _Walk:
         code = fn.__code__
         for attr in ("__code__", "__defaults__", "__kwdefaults__"):
             self.attr_entries.append((fn, attr, getattr(fn, attr), f"{name}.{attr}"))
-        code_key = _code_key(code, src)
+        # The guard (non-strict walk) compares identities only: it needs no source.
+        code_key = _code_key(code, src) if self.strict else None
 
         params = code.co_varnames[: code.co_argcount]
         defaults = fn.__defaults__ or ()
