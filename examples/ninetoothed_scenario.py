@@ -225,10 +225,11 @@ def main() -> dict[str, Any]:
     print(f"repeated builds: {hits} hits, {misses} misses, same objects: {same}")
 
     # Timing: the cached make() (guard check + LRU lookup) against rebuilding (codegen + compile).
-    for build in (
+    builds: tuple[Callable[[], object], ...] = (
         lambda: _build(arrangement, application, "add_scaled", 128),
         lambda: maker.make(arrangement, application, "add_scaled", 128),
-    ):
+    )
+    for build in builds:
         if build() is None:
             raise AssertionError("a build returned nothing")
     rebuild_us = _median_us(lambda: _build(arrangement, application, "add_scaled", 128), repeat=7, number=20)

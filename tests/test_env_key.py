@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+from typing import Any
 
 import pytest
 
@@ -63,7 +64,7 @@ def test_bad_arguments() -> None:
 
 def test_default_list_matches_installed_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("triton")
-    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton._C.libtriton import get_cache_invalidating_env_vars  # type: ignore[import-untyped]
 
     for name in jitkey.DEFAULT_ENV_VARS:
         monkeypatch.setenv(name, "1")
@@ -83,7 +84,7 @@ def test_names_triton_reports_are_added(monkeypatch: pytest.MonkeyPatch) -> None
 def test_full_key_sections_versions_compiler_device() -> None:
     torch = pytest.importorskip("torch")
     full = jitkey.env_key()
-    sections = dict(full)  # type: ignore[arg-type]
+    sections: dict[Any, Any] = dict(full)  # type: ignore[arg-type]
     assert list(sections) == ["env", "versions", "triton_key", "device"]
     assert sections["versions"] == (
         ("jitkey", jitkey.__version__),

@@ -24,10 +24,10 @@ _counter = iter(range(1_000_000))
 
 
 @pytest.fixture
-def load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., types.ModuleType]]:
+def load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
     """Write ``src`` as module ``name`` in a fresh directory and import it (registered in sys.modules)."""
 
-    def _load(src: str, name: str = "fkmod") -> types.ModuleType:
+    def _load(src: str, name: str = "fkmod") -> Any:
         directory = tmp_path / f"v{next(_counter)}"
         directory.mkdir()
         path = directory / f"{name}.py"
@@ -66,27 +66,27 @@ def kernel(x, y=3, *, z=4):
 # sensitivity
 
 
-def test_same_content_same_key_even_from_another_file(load: Callable[..., types.ModuleType]) -> None:
+def test_same_content_same_key_even_from_another_file(load: Callable[..., Any]) -> None:
     a = load(BASE)
     b = load(BASE)
     assert a.kernel is not b.kernel
     assert key(a.kernel) == key(a.kernel) == key(b.kernel)
 
 
-def test_source_change_changes_key(load: Callable[..., types.ModuleType]) -> None:
+def test_source_change_changes_key(load: Callable[..., Any]) -> None:
     a = load(BASE)
     b = load(BASE.replace("+ y + z", "+ y - z"))
     assert key(a.kernel) != key(b.kernel)
 
 
-def test_whitespace_only_edit_outside_the_function_keeps_key(load: Callable[..., types.ModuleType]) -> None:
+def test_whitespace_only_edit_outside_the_function_keeps_key(load: Callable[..., Any]) -> None:
     # Line numbers are not part of the key: moving the function keeps it.
     a = load(BASE)
     b = load("\n\n# a comment\n" + BASE)
     assert key(a.kernel) == key(b.kernel)
 
 
-def test_transitive_helper_change_changes_key(load: Callable[..., types.ModuleType]) -> None:
+def test_transitive_helper_change_changes_key(load: Callable[..., Any]) -> None:
     src = BASE.replace("return x * 2", "return inner(x)") + "\ndef inner(x):\n    return x + 1\n"
     a = load(src)
     b = load(src.replace("return x + 1", "return x + 2"))
@@ -95,7 +95,7 @@ def test_transitive_helper_change_changes_key(load: Callable[..., types.ModuleTy
     assert key(a.kernel) == key(c.kernel)
 
 
-def test_defaults_and_kwdefaults(load: Callable[..., types.ModuleType]) -> None:
+def test_defaults_and_kwdefaults(load: Callable[..., Any]) -> None:
     m = load(BASE)
     k0 = key(m.kernel)
     m.kernel.__defaults__ = (5,)
@@ -108,7 +108,7 @@ def test_defaults_and_kwdefaults(load: Callable[..., types.ModuleType]) -> None:
 
 
 def test_constexpr_global_change_changes_key_unread_global_does_not(
-    load: Callable[..., types.ModuleType],
+    load: Callable[..., Any],
 ) -> None:
     m = load(BASE)
     k0 = key(m.kernel)
@@ -123,14 +123,14 @@ def test_constexpr_global_change_changes_key_unread_global_does_not(
     assert key(m.kernel) not in (k0, k1)
 
 
-def test_global_read_only_by_a_helper_counts(load: Callable[..., types.ModuleType]) -> None:
+def test_global_read_only_by_a_helper_counts(load: Callable[..., Any]) -> None:
     m = load(BASE.replace("return x * 2", "return x * NAME"))
     k0 = key(m.kernel)
     m.NAME = "sub"
     assert key(m.kernel) != k0
 
 
-def test_global_read_in_nested_code_counts(load: Callable[..., types.ModuleType]) -> None:
+def test_global_read_in_nested_code_counts(load: Callable[..., Any]) -> None:
     m = load(
         """
         SCALE = 2
@@ -143,7 +143,7 @@ def test_global_read_in_nested_code_counts(load: Callable[..., types.ModuleType]
     assert key(m.kernel) != k0
 
 
-def test_closure_values(load: Callable[..., types.ModuleType]) -> None:
+def test_closure_values(load: Callable[..., Any]) -> None:
     m = load(
         """
         def make(block, dtype):
@@ -159,7 +159,7 @@ def test_closure_values(load: Callable[..., types.ModuleType]) -> None:
     assert key(m.make(16, torch.float16)) == key(m.make(16, torch.float16))
 
 
-def test_partial_layers(load: Callable[..., types.ModuleType]) -> None:
+def test_partial_layers(load: Callable[..., Any]) -> None:
     m = load(BASE)
     p = functools.partial(m.kernel, 1, z=7)
     assert key(p) == key(functools.partial(m.kernel, 1, z=7))
@@ -171,7 +171,7 @@ def test_partial_layers(load: Callable[..., types.ModuleType]) -> None:
     assert key(nested) != key(functools.partial(m.helper, 4))
 
 
-def test_module_attribute_chain(load: Callable[..., types.ModuleType]) -> None:
+def test_module_attribute_chain(load: Callable[..., Any]) -> None:
     cfg = load("BLOCK = 16\nOTHER = 1\n", name="fkcfg")
     m = load("import fkcfg\n\ndef kernel(x):\n    return x + fkcfg.BLOCK\n")
     k0 = key(m.kernel)
@@ -181,7 +181,7 @@ def test_module_attribute_chain(load: Callable[..., types.ModuleType]) -> None:
     assert key(m.kernel) != k0
 
 
-def test_library_references_are_keyed_by_path_not_content(load: Callable[..., types.ModuleType]) -> None:
+def test_library_references_are_keyed_by_path_not_content(load: Callable[..., Any]) -> None:
     m = load(
         """
         import os
@@ -192,7 +192,8 @@ def test_library_references_are_keyed_by_path_not_content(load: Callable[..., ty
             return os.path.join("a", dumps(x)), math.sqrt(2), torch.empty, os.environ
         """
     )
-    globals_read = dict(jitkey.function_key_tree(m.kernel)[3][0][7])
+    tree: Any = jitkey.function_key_tree(m.kernel)
+    globals_read = dict(tree[3][0][7])
     torch_version = f"torch=={importlib.metadata.version('torch')}"
     assert globals_read["dumps"] == ("ref", "json", "dumps", "2.0.9")  # json.__version__
     assert globals_read["os.path.join"][:3] == ("ref", "posixpath", "join")
@@ -223,7 +224,7 @@ def test_bytecode_fallback_without_source() -> None:
         return fn
 
     a, b = make("def f(x):\n    return x + 1\n"), make("def f(x):\n    return x + 2\n")
-    tree = jitkey.function_key_tree(a)
+    tree: Any = jitkey.function_key_tree(a)
     assert tree[3][0][3][0] == "bytecode" and tree[3][0][3][1] == sys.implementation.cache_tag
     assert key(a) != key(b)
     assert key(a) == key(make("def f(x):\n    return x + 1\n"))
@@ -233,12 +234,12 @@ def test_bytecode_fallback_without_source() -> None:
     assert key(c) != key(d)
 
 
-def test_lambdas_sharing_a_line_differ(load: Callable[..., types.ModuleType]) -> None:
+def test_lambdas_sharing_a_line_differ(load: Callable[..., Any]) -> None:
     m = load("PAIR = (lambda x: x + 1, lambda x: x + 2)\n")
     assert key(m.PAIR[0]) != key(m.PAIR[1])
 
 
-def test_recursion_and_cycles_terminate(load: Callable[..., types.ModuleType]) -> None:
+def test_recursion_and_cycles_terminate(load: Callable[..., Any]) -> None:
     src = """
     def even(n):
         return True if n == 0 else odd(n - 1)
@@ -258,11 +259,11 @@ def test_recursion_and_cycles_terminate(load: Callable[..., types.ModuleType]) -
     assert key(a.odd) != key(b.odd)  # the cycle reaches the changed function from either side
     assert key(a.fact) == key(a.fact)
     assert key(a.outer()) == key(a.outer())
-    tree = jitkey.function_key_tree(a.even)
+    tree: Any = jitkey.function_key_tree(a.even)
     assert len(tree[3]) == 2  # even and odd, each once
 
 
-def test_bound_methods_need_a_keyable_instance(load: Callable[..., types.ModuleType]) -> None:
+def test_bound_methods_need_a_keyable_instance(load: Callable[..., Any]) -> None:
     m = load(
         """
         class Tiler:
@@ -284,7 +285,7 @@ def test_bound_methods_need_a_keyable_instance(load: Callable[..., types.ModuleT
         jitkey.function_key(m.Opaque().tile)
 
 
-def test_unkeyable_captured_state_raises_typed_error(load: Callable[..., types.ModuleType]) -> None:
+def test_unkeyable_captured_state_raises_typed_error(load: Callable[..., Any]) -> None:
     m = load(
         """
         TABLE = {"a": 1}
@@ -322,7 +323,7 @@ def test_unkeyable_captured_state_raises_typed_error(load: Callable[..., types.M
     with pytest.raises(TypeError):
         jitkey.function_key(m.reads_table)
     # ignore= leaves a global out on purpose, visibly
-    tree = jitkey.function_key_tree(m.reads_table, ignore=["TABLE"])
+    tree: Any = jitkey.function_key_tree(m.reads_table, ignore=["TABLE"])
     assert ("TABLE", ("ignored",)) in tree[3][0][7]
     with pytest.raises(FunctionKeyError, match="needs a function"):
         jitkey.function_key(42)  # type: ignore[arg-type]
@@ -330,13 +331,13 @@ def test_unkeyable_captured_state_raises_typed_error(load: Callable[..., types.M
         jitkey.function_key(int)
 
 
-def test_half_built_nodes_are_rolled_back(load: Callable[..., types.ModuleType]) -> None:
+def test_half_built_nodes_are_rolled_back(load: Callable[..., Any]) -> None:
     # A failing library-module attribute falls back to its path; the walk must not keep partial nodes.
     m = load(BASE)
     assert key(m.kernel) == key(m.kernel)
 
 
-def test_follow_predicate_switches_content_and_reference(load: Callable[..., types.ModuleType]) -> None:
+def test_follow_predicate_switches_content_and_reference(load: Callable[..., Any]) -> None:
     never = lambda fn: False  # noqa: E731
     a = load(BASE)
     ka_ref, ka = key(a.kernel, follow=never), key(a.kernel)
@@ -367,7 +368,7 @@ def test_global_value_keys_iff_encoding_equal(a: object, b: object) -> None:
 # cross-process stability
 
 
-def test_stable_across_processes(load: Callable[..., types.ModuleType]) -> None:
+def test_stable_across_processes(load: Callable[..., Any]) -> None:
     src = (
         BASE + "\nimport torch\nDT = torch.float16\ndef k2(x, s={1, 2}):\n    return kernel(x), DT, {3, 4}\n"
     )
@@ -419,7 +420,7 @@ def kernel(X, Y, n, B: tl.constexpr):
 """
 
 
-def test_triton_jit_functions(load: Callable[..., types.ModuleType]) -> None:
+def test_triton_jit_functions(load: Callable[..., Any]) -> None:
     pytest.importorskip("triton")
     a = load(TRITON_SRC)
     assert key(a.kernel) == key(load(TRITON_SRC).kernel)
@@ -437,7 +438,7 @@ def test_triton_jit_functions(load: Callable[..., types.ModuleType]) -> None:
 # GlobalsGuard
 
 
-def test_globals_guard_detects_rebinding(load: Callable[..., types.ModuleType]) -> None:
+def test_globals_guard_detects_rebinding(load: Callable[..., Any]) -> None:
     cfg = load("BLOCK = 16\n", name="fkcfg")
     m = load(
         """
@@ -486,7 +487,7 @@ def test_globals_guard_detects_rebinding(load: Callable[..., types.ModuleType]) 
     assert guard.unchanged()
 
 
-def test_globals_guard_over_partial_and_cycle(load: Callable[..., types.ModuleType]) -> None:
+def test_globals_guard_over_partial_and_cycle(load: Callable[..., Any]) -> None:
     m = load(
         """
         N = 1
@@ -501,3 +502,54 @@ def test_globals_guard_over_partial_and_cycle(load: Callable[..., types.ModuleTy
     assert guard.changed() == ["fkmod.N"]
     m.b = None
     assert guard.changed() == ["fkmod.N", "fkmod.b"]
+
+
+def test_globals_guard_edge_cases(load: Callable[..., Any]) -> None:
+    other = load("K = 1\ndef helper2():\n    return K\n", name="fkother")
+    m = load(
+        """
+        import fkother
+        from fkother import helper2
+        _jk0 = 5          # named like the checker's parameters: must not be shadowed by them
+        _jk = 6
+        GONE = 1
+        def kernel():
+            return _jk0 + _jk + GONE + helper2() + undefined_yet
+        def make():
+            def inner():
+                return x
+            x = 1
+            return inner
+        """
+    )
+    guard = jitkey.GlobalsGuard(m.kernel)
+    assert guard.unchanged()
+    m._jk0 = 7
+    assert guard.changed() == ["fkmod._jk0"] and not guard.unchanged()
+    guard.refresh()
+    other.K = 2  # read by a helper in another module: a second namespace, chained
+    assert guard.changed() == ["fkother.K"] and not guard.unchanged()
+    guard.refresh()
+    del m.GONE
+    assert guard.changed() == ["fkmod.GONE"] and not guard.unchanged()
+    guard.refresh()
+    m.undefined_yet = 0
+    assert guard.changed() == ["fkmod.undefined_yet"] and not guard.unchanged()
+    guard.refresh()
+    assert guard.unchanged()
+
+    inner = m.make()
+    cell_guard = jitkey.GlobalsGuard(inner)
+    assert cell_guard.unchanged()
+    assert inner.__closure__ is not None
+    del inner.__closure__[0].cell_contents  # an emptied cell
+    assert not cell_guard.unchanged()
+    assert cell_guard.changed() == ["fkmod.make.<locals>.inner.<closure>.x"]
+    cell_guard.refresh()
+    assert cell_guard.unchanged()
+    inner.__closure__[0].cell_contents = 3
+    assert cell_guard.changed() == ["fkmod.make.<locals>.inner.<closure>.x"]
+
+    nothing = jitkey.GlobalsGuard(functools.partial(len))  # nothing to watch
+    assert len(nothing) == 0 and nothing.unchanged() and nothing.changed() == []
+    nothing.check()

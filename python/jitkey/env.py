@@ -58,7 +58,7 @@ def _triton_set_env_vars() -> dict[str, str]:
     if importlib.util.find_spec("triton") is None:
         return {}
     try:
-        from triton._C.libtriton import get_cache_invalidating_env_vars
+        from triton._C.libtriton import get_cache_invalidating_env_vars  # type: ignore[import-untyped,unused-ignore]
     except ImportError:
         return {}
     return dict(get_cache_invalidating_env_vars())
@@ -87,10 +87,10 @@ def _triton_key() -> str | None:
     if importlib.util.find_spec("triton") is None:
         return None
     try:
-        from triton.runtime.cache import triton_key
+        from triton.runtime.cache import triton_key  # type: ignore[import-untyped,unused-ignore]
     except ImportError:
         try:
-            from triton.compiler.compiler import triton_key
+            from triton.compiler.compiler import triton_key  # type: ignore[import-untyped,unused-ignore]
         except ImportError:
             return None
     from jitkey._core import digest

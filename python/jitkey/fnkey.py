@@ -75,8 +75,6 @@ import textwrap
 import types
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from itertools import repeat
-from operator import is_
 from typing import Any, Final, TypeVar
 
 from jitkey._core import MAX_DEPTH, digest, encode
@@ -320,9 +318,9 @@ def _triton_types() -> dict[str, type] | None:
     if "triton" not in sys.modules:
         return None
     try:
-        from triton.language import core as tlc
-        from triton.runtime.autotuner import Autotuner, Heuristics
-        from triton.runtime.jit import JITFunction
+        from triton.language import core as tlc  # type: ignore[import-untyped,unused-ignore]
+        from triton.runtime.autotuner import Autotuner, Heuristics  # type: ignore[import-untyped,unused-ignore]
+        from triton.runtime.jit import JITFunction  # type: ignore[import-untyped,unused-ignore]
     except ImportError:  # pragma: no cover - a partial or very old triton
         return None
     out: dict[str, type] = {
@@ -335,7 +333,7 @@ def _triton_types() -> dict[str, type] | None:
         "base_type": tlc.base_type,
     }
     try:
-        from triton.runtime.jit import JITCallable
+        from triton.runtime.jit import JITCallable  # type: ignore[import-untyped,unused-ignore]
     except ImportError:  # pragma: no cover - triton < 3.5
         out["JITCallable"] = JITFunction
     else:
@@ -441,7 +439,8 @@ class _Walk:
         g = fn.__globals__
         module_name = g.get("__name__")
         prefix = module_name if type(module_name) is str else name
-        bdict = fn.__builtins__ if isinstance(fn.__builtins__, dict) else vars(builtins)
+        fn_builtins = getattr(fn, "__builtins__", None)  # 3.10+: the builtins the code resolves names in
+        bdict = fn_builtins if isinstance(fn_builtins, dict) else vars(builtins)
         names, chains = _global_reads(fn.__code__)
         out: list[object] = []
         for gname in sorted(names):
@@ -500,11 +499,11 @@ class _Walk:
         tp = type(v)
         if v is None or tp in (bool, int, float, str, bytes):
             return ("=", v)
-        if tp is tuple:
+        if tp is tuple and isinstance(v, tuple):
             try:
                 encode(v)
             except (UnsupportedKeyError, KeyDepthError):
-                return ("tuple", tuple(self.value(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v)))  # type: ignore[arg-type]
+                return ("tuple", tuple(self.value(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v)))
             return ("=", v)
         if isinstance(v, types.ModuleType):
             return ("module", v.__name__)
@@ -553,6 +552,18 @@ class _Walk:
             pass
         else:
             return ("=", v)
+        wrapped = getattr(v, "__wrapped__", _MISSING) if not isinstance(v, type) else _MISSING
+        if wrapped is not _MISSING:
+            # functools.lru_cache/cache and other wrapper objects: the wrapper's type by path, the
+            # wrapped function by content (the wrapper itself is importable, its target's code counts).
+            wrapper = _import_path(tp)
+            if wrapper is not None:
+                return (
+                    "wrapped",
+                    wrapper[0],
+                    wrapper[1],
+                    self.value(wrapped, f"{where}.__wrapped__", depth + 1),
+                )
         path = _import_path(v)
         if path is not None:
             return ("ref", path[0], path[1], _package_version(path[0]))
@@ -634,14 +645,16 @@ class _Walk:
     # -- roots -------------------------------------------------------------------------------------
 
     def root(self, fn: object) -> object:
-        if isinstance(fn, type) or not callable(fn):
-            raise FunctionKeyError(
-                f"function_key needs a function, got a value of type {type(fn).__qualname__!r}"
-            )
-        if type(fn) is types.FunctionType:
-            assert isinstance(fn, types.FunctionType)
-            return self.function(fn)  # the root is always keyed by content
-        return self.value(fn, "the function", 0)
+        if isinstance(fn, types.FunctionType):
+            return self.function(fn)  # the root is always keyed by content, library code or not
+        if not isinstance(fn, type):
+            tree = self.value(fn, "the function", 0)
+            # triton.jit and heuristics wrappers are not callable themselves (they are launched with [grid])
+            if callable(fn) or (type(tree) is tuple and tree[0] in ("node", "triton.heuristics")):
+                return tree
+        raise FunctionKeyError(
+            f"function_key needs a function, got a value of type {type(fn).__qualname__!r}"
+        )
 
 
 def _default_follow(fn: types.FunctionType) -> bool:
@@ -711,6 +724,45 @@ def function_key(
     return digest(function_key_tree(fn, follow=follow, ignore=ignore))
 
 
+def _cell_is_empty(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:
+        return True
+    return False
+
+
+def _fresh_names(count: int, avoid: set[str]) -> list[str]:
+    """``count`` parameter names that do not shadow any of the globals a checker reads."""
+    prefix = "_jk"
+    while any(name.startswith(prefix) for name in avoid):
+        prefix += "_"
+    return [f"{prefix}{i}" for i in range(count)]
+
+
+def _make_checker(
+    params: list[str], terms: list[str], namespace: dict[str, Any], values: list[object]
+) -> Callable[[], bool]:
+    """A no-argument function ``return t0 and t1 and ...`` whose globals are ``namespace``.
+
+    The parameters (all defaulted to ``values``) start with a prefix no watched global starts with.
+    A deleted global or attribute, or an emptied cell, makes it return False.
+    """
+    errors = f"{params[0]}e" if params else "_jke"
+    body = " and ".join(terms) if terms else "True"
+    src = (
+        f"def _jitkey_guard({', '.join([*params, errors])}):\n"
+        f"    try:\n        return {body}\n"
+        f"    except {errors}:\n"
+        "        return False\n"
+    )
+    module_code = compile(src, "<GlobalsGuard>", "exec")
+    fn_code = next(c for c in module_code.co_consts if isinstance(c, types.CodeType))
+    defaults = (*values, (NameError, AttributeError, ValueError))
+    checker: Callable[[], bool] = types.FunctionType(fn_code, namespace, "_jitkey_guard", defaults)
+    return checker
+
+
 class GlobalsGuard:
     """Detects that a global, closure cell or code object a function depends on was rebound.
 
@@ -725,6 +777,7 @@ class GlobalsGuard:
     """
 
     __slots__ = (
+        "_absent",
         "_attr_names",
         "_attr_objs",
         "_attr_values",
@@ -737,7 +790,16 @@ class GlobalsGuard:
         "_follow",
         "_ignore",
         "_labels",
+        "unchanged",
     )
+
+    unchanged: Callable[[], bool]
+    """``guard.unchanged()`` is True when nothing watched was rebound: the per-launch fast path.
+
+    A generated function (no Python method frame in between) that reads each watched global with a
+    ``LOAD_GLOBAL`` in the global's own namespace, which CPython specializes and caches, and compares
+    identities: ``NAME0 is v0 and NAME1 is v1 and "ABSENT" not in ns and fn.__code__ is c and ...``.
+    """
 
     def __init__(
         self,
@@ -789,6 +851,65 @@ class GlobalsGuard:
         self._attr_values = [v for _, _, v, _ in walk.attr_entries]
         labels.extend(label for _, _, _, label in walk.attr_entries)
         self._labels = labels
+        self._build_probes()
+
+    def _build_probes(self) -> None:
+        """Compile the per-launch check: one generated function per watched namespace.
+
+        For a namespace (a module's globals) the check is ``def f(v0, v1, ..., d): return NAME0 is v0
+        and NAME1 is v1 and "ABSENT" not in d``, created with that namespace as its globals, so every
+        read is a ``LOAD_GLOBAL`` that CPython specializes and caches; function attributes and cells
+        get one more such function. This runs several times faster than a loop over the entries.
+        """
+        present: dict[int, tuple[dict[str, Any], list[str], list[object]]] = {}
+        absent: dict[int, tuple[dict[str, Any], list[str]]] = {}
+        for d, name, value in zip(self._dicts, self._dict_names, self._dict_values, strict=True):
+            if value is _MISSING:
+                absent.setdefault(id(d), (d, []))[1].append(name)
+            else:
+                group = present.setdefault(id(d), (d, [], []))
+                group[1].append(name)
+                group[2].append(value)
+        # Function attributes and cells: terms on parameters only, valid in any namespace.
+        objs: list[object] = []
+        obj_terms: list[str] = []
+        for obj, attr, value in zip(self._attr_objs, self._attr_names, self._attr_values, strict=True):
+            objs += [obj, value]
+            obj_terms.append(f"{{o{len(objs) - 2}}}.{attr} is {{o{len(objs) - 1}}}")
+        for cell, value in zip(self._cells, self._cell_values, strict=True):
+            if value is _MISSING:
+                objs += [cell, _cell_is_empty]
+                obj_terms.append(f"{{o{len(objs) - 1}}}({{o{len(objs) - 2}}})")
+            else:
+                objs += [cell, value]
+                obj_terms.append(f"{{o{len(objs) - 2}}}.cell_contents is {{o{len(objs) - 1}}}")
+        # One function per namespace; the first also carries the object terms and calls the others.
+        namespaces = list(dict.fromkeys([*present, *absent]))
+        checker: Callable[[], bool] | None = None
+        for pos, key in enumerate(reversed(namespaces)):
+            d, names, values = present.get(key) or (absent[key][0], [], [])
+            gone = absent[key][1] if key in absent else []
+            first = pos == len(namespaces) - 1
+            n_own = len(values) + 1 + (len(objs) if first else 0) + (checker is not None)
+            params = _fresh_names(n_own, avoid=set(names))
+            terms = [f"{n} is {p}" for n, p in zip(names, params, strict=False)]
+            terms += [f"{n!r} not in {params[len(values)]}" for n in gone]
+            args: list[object] = [*values, d]
+            if first:
+                base = len(args)
+                terms += [
+                    t.format(**{f"o{i}": params[base + i] for i in range(len(objs))}) for t in obj_terms
+                ]
+                args += objs
+            if checker is not None:
+                terms.append(f"{params[len(args)]}()")
+                args.append(checker)
+            checker = _make_checker(params, terms, d, args)
+        if checker is None:  # nothing read from any namespace
+            params = [f"_jk{i}" for i in range(len(objs))]
+            terms = [t.format(**{f"o{i}": params[i] for i in range(len(objs))}) for t in obj_terms]
+            checker = _make_checker(params, terms, {"__builtins__": builtins}, objs)
+        self.unchanged = checker
 
     def _current_cells(self) -> Iterator[object]:
         for cell in self._cells:
@@ -796,14 +917,6 @@ class GlobalsGuard:
                 yield cell.cell_contents
             except ValueError:
                 yield _MISSING
-
-    def unchanged(self) -> bool:
-        """True when nothing watched was rebound (the per-launch fast path: identity compares in C loops)."""
-        return (
-            all(map(is_, map(dict.get, self._dicts, self._dict_names, repeat(_MISSING)), self._dict_values))
-            and all(map(is_, map(getattr, self._attr_objs, self._attr_names), self._attr_values))
-            and (not self._cells or all(map(is_, self._current_cells(), self._cell_values)))
-        )
 
     def changed(self) -> list[str]:
         """Labels of the watched globals, cells and code attributes rebound since the snapshot."""
