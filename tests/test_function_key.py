@@ -337,6 +337,53 @@ def test_half_built_nodes_are_rolled_back(load: Callable[..., Any]) -> None:
     assert key(m.kernel) == key(m.kernel)
 
 
+def test_wrapped_helpers_are_followed_into(load: Callable[..., Any]) -> None:
+    src = """
+    import functools
+    @functools.lru_cache(maxsize=None)
+    def table(n):
+        return tuple(range(n))
+    def kernel(n):
+        return table(n)
+    """
+    a = load(src)
+    ka = key(a.kernel)
+    b = load(src.replace("range(n)", "range(n + 1)"))
+    assert key(b.kernel) != ka
+
+
+def test_enum_and_class_references(load: Callable[..., Any]) -> None:
+    src = """
+    import enum
+    class Mode(enum.Enum):
+        A = 1
+        B = 2
+    class Base:
+        def f(self):
+            return 1
+    class Child(Base):
+        def __jitkey__(self):
+            return ()
+        def f(self):
+            return super().f() + 1
+    M = Mode.A
+    def kernel(x):
+        return x if M is Mode.A else -x
+    """
+    m = load(src)
+    tree: Any = jitkey.function_key_tree(m.kernel)
+    assert dict(tree[3][0][7]) == {
+        "M": ("enum", "fkmod", "Mode", "A"),
+        "Mode": ("ref", "fkmod", "Mode", None),
+    }
+    k0 = key(m.kernel)
+    m.M = m.Mode.B
+    assert key(m.kernel) != k0
+    # super() makes a __class__ cell: the class is keyed by its import path
+    child_tree: Any = jitkey.function_key_tree(m.Child().f)
+    assert child_tree[3][0][6] == (("__class__", ("ref", "fkmod", "Child", None)),)
+
+
 def test_follow_predicate_switches_content_and_reference(load: Callable[..., Any]) -> None:
     never = lambda fn: False  # noqa: E731
     a = load(BASE)
@@ -432,6 +479,30 @@ def test_triton_jit_functions(load: Callable[..., Any]) -> None:
     ]
     keys = {key(a.kernel)} | {key(load(v).kernel) for v in variants}
     assert len(keys) == len(variants) + 1
+
+
+def test_triton_heuristics_and_autotune(load: Callable[..., Any]) -> None:
+    pytest.importorskip("triton")
+    src = """
+    import triton
+    import triton.language as tl
+
+    @triton.heuristics({"EVEN": lambda args: args["n"] % 2 == 0})
+    @triton.jit
+    def hk(X, n, EVEN: tl.constexpr):
+        pass
+
+    @triton.autotune(configs=[triton.Config({"B": 16})], key=["n"])
+    @triton.jit
+    def ak(X, n, B: tl.constexpr):
+        pass
+    """
+    a = load(src)
+    assert key(a.hk) == key(load(src).hk)
+    assert key(a.hk) != key(load(src.replace("% 2 == 0", "% 4 == 0")).hk)  # the heuristic's code counts
+    with pytest.raises(FunctionKeyError, match="Autotuner"):
+        jitkey.function_key(a.ak)
+    assert key(a.ak.fn) == key(load(src).ak.fn)
 
 
 # ------------------------------------------------------------------------------------------------
