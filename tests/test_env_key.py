@@ -111,3 +111,28 @@ def test_full_key_sections_versions_compiler_device() -> None:
     assert len({jitkey.digest(v) for v in variants}) == 4
     # triton_key hashes the compiler once per process
     assert envmod._triton_key.cache_info().hits >= 1
+
+
+def test_device_section_on_a_cuda_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA branch, driven through a stand-in for torch.cuda (CI has no GPU)."""
+    torch = pytest.importorskip("torch")
+
+    class Props:
+        name = "NVIDIA H100 80GB HBM3"
+        major, minor = 9, 0
+        gcnArchName = ""  # torch's attribute name (ROCm)
+
+    asked: list[int] = []
+
+    def props(index: int) -> Props:
+        asked.append(index)
+        return Props()
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    current = envmod._device_key(True)
+    assert current == ("cuda", "NVIDIA H100 80GB HBM3", 9, 0, "", torch.version.cuda, torch.version.hip)
+    assert envmod._device_key(3)[:4] == ("cuda", "NVIDIA H100 80GB HBM3", 9, 0)
+    assert asked == [1, 3]
+    assert dict(jitkey.env_key(versions=False, compiler=False))["device"] == current  # type: ignore[arg-type]
