@@ -44,7 +44,8 @@ How values (globals, cells, defaults, partial arguments) are keyed:
 * Modules by name; enum members by class and member name.
 * ``functools.partial`` layers by function, positional and keyword arguments; bound methods by
   function and instance, which must be keyable (``__jitkey__``); ``staticmethod``/``classmethod``
-  by their function.
+  by their function; wrapper objects with ``__wrapped__`` (``functools.lru_cache``, ``cache``) by
+  the wrapper's type path and the wrapped function's content.
 * Values of attributes read from library modules that cannot be keyed (``os.environ``, a lock
   in a library module) by their dotted path: library state is part of the library version.
 
@@ -612,7 +613,10 @@ class _Walk:
                     for attr in ("do_not_specialize", "do_not_specialize_on_alignment")
                 ),
             )
-            return self.node(v, lambda: ("jit", self.function(inner, getattr(v, "src", None), extra)))
+            # One node for the JIT wrapper holding its function's tree (not a node of ``.fn``, which a
+            # plain reference to ``.fn`` elsewhere could have created without the JIT options).
+            src = getattr(v, "src", None)
+            return self.node(v, lambda: ("jit", self._function_tree(inner, src, extra)))
         if isinstance(v, t["Heuristics"]):
             values = getattr(v, "values", {})
             return (
