@@ -402,7 +402,9 @@ class _Walk:
 
         params = code.co_varnames[: code.co_argcount]
         defaults = fn.__defaults__ or ()
-        default_names = params[len(params) - len(defaults) :]
+        default_names: tuple[str, ...] = params[len(params) - len(defaults) :]
+        if len(default_names) != len(defaults):  # __defaults__ reassigned with more values than parameters
+            default_names = tuple(f"#{i}" for i in range(len(defaults)))
         defaults_key = tuple(
             self.value(v, f"default of parameter {p!r} of {name}", 0)
             for p, v in zip(default_names, defaults, strict=True)
