@@ -14,12 +14,16 @@ from jitkey._core import (
     encode,
     fast_hash,
 )
+from jitkey.env import DEFAULT_ENV_VARS, env_key
 from jitkey.errors import JitKeyError, UnsupportedKeyError
+from jitkey.fnkey import GlobalsGuard, function_key, function_key_tree
 
 __all__ = [
+    "DEFAULT_ENV_VARS",
     "DIGEST_DOMAIN",
     "FORMAT_VERSION",
     "MAX_DEPTH",
+    "GlobalsGuard",
     "JitKeyError",
     "LruCache",
     "UnsupportedKeyError",
@@ -27,6 +31,9 @@ __all__ = [
     "digest",
     "digest_encoding",
     "encode",
+    "env_key",
     "errors",
     "fast_hash",
+    "function_key",
+    "function_key_tree",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "ArgumentError",
+    "FunctionKeyError",
     "GlobalsChangedError",
     "IndexClosedError",
     "JitKeyError",
@@ -28,6 +29,12 @@ class UnsupportedKeyError(JitKeyError, TypeError):
     """A value has a type jitkey cannot put in a key (it is never keyed through ``repr()``).
 
     The message names the type and its position in the key tree, e.g. ``value[2][0]``.
+    """
+
+
+class FunctionKeyError(UnsupportedKeyError):
+    """:func:`jitkey.function_key` met captured state it cannot key (a closure value, default, global,
+    partial argument or bound-method instance); the message names the function and the variable.
     """
 
 
