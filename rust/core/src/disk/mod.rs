@@ -11,5 +11,6 @@ mod index;
 
 pub use format::{Digest, MAX_VALUE};
 pub use index::{
-    default_dir, Access, DiskIndex, Durability, Fault, Mode, Options, PutOutcome, Stats, WarningKind,
+    default_dir, Access, DiskIndex, Durability, Fault, IndexError, Mode, Options, Probe, PutOutcome, Stats,
+    WarningKind,
 };
