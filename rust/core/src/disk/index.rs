@@ -1140,7 +1140,8 @@ impl DiskIndex {
             if !buf.is_empty() {
                 let file = &w.wfile.as_ref().expect("wfile").0;
                 if matches!(w.fault, Some((Fault::SplitWrite, 0))) {
-                    let half = (buf.len() / 2).max(1);
+                    // Not a multiple of 8, so the cut always lands inside a record.
+                    let half = buf.len() / 2 + 4;
                     file.write_all_at(&buf[..half], at)?;
                 }
                 Self::hit_fault(w, Fault::SplitWrite);
