@@ -140,6 +140,11 @@ def test_put_new_key(benchmark, tmp_path: Path, kind: str) -> None:  # type: ign
     assert all(s.get(jitkey.digest(("put", i))) == VALUE for i in range(0, n, max(1, n // 100)))
 
 
+def bench_enabled(request: pytest.FixtureRequest) -> bool:
+    opt = request.config.getoption
+    return bool(opt("benchmark_enable")) or not opt("benchmark_disable")
+
+
 def best_ns(fn: Callable[[], object], number: int, repeat: int = 7) -> float:
     return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e9
 
@@ -150,7 +155,7 @@ def test_hit_ratio(request: pytest.FixtureRequest, populated) -> None:  # type: 
     k = ks[123]
     for s in stores.values():
         assert s.get(k) == VALUE
-    enabled = not request.config.getoption("benchmark_disable")
+    enabled = bench_enabled(request)
     number = 20_000 if enabled else 200
     ns = {kind: best_ns(lambda s=s: s.get(k), number) for kind, s in stores.items()}
     print("hit ns/op", {kind: round(v, 1) for kind, v in ns.items()})
@@ -180,7 +185,7 @@ def _append_worker(d: str, wid: int, n: int, batch: int, barrier, out) -> None: 
 @pytest.mark.parametrize("batch", [1, 64])
 def test_append_8_processes(request: pytest.FixtureRequest, tmp_path: Path, batch: int) -> None:
     """8 processes append distinct keys at once; every record must be there afterwards."""
-    enabled = not request.config.getoption("benchmark_disable")
+    enabled = bench_enabled(request)
     n = 25_000 if enabled else 1000
     ctx = mp.get_context("fork")
     jitkey.DiskIndex(tmp_path, max_bytes=1 << 30).close()
@@ -206,7 +211,7 @@ def test_append_8_processes(request: pytest.FixtureRequest, tmp_path: Path, batc
 
 
 def test_open_100k(benchmark, request: pytest.FixtureRequest, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    enabled = not request.config.getoption("benchmark_disable")
+    enabled = bench_enabled(request)
     n = 100_000 if enabled else 5_000
     ix = jitkey.DiskIndex(tmp_path, max_bytes=1 << 30)
     ks = keys(n)

@@ -245,17 +245,32 @@ impl View {
     }
 
     /// Validates `[self.end, EOF)` with `pread` and indexes what is valid; maps the new end.
-    fn extend(&mut self) -> io::Result<()> {
+    /// Returns the file size it saw.
+    fn extend(&mut self) -> io::Result<u64> {
         let size = self.file.metadata()?.len();
         if size > self.end {
             let file = Arc::clone(&self.file);
-            let mut recs = Vec::new();
-            let end = scan(&file, self.end, size, |off, r| recs.push((off, r.ty, r.seq, *r.key, r.len)))?;
-            for (off, ty, seq, key, len) in recs {
-                self.apply(off, ty, seq, &key, len);
-            }
-            self.end = end;
+            // Most records are small: reserve for ~one entry per 128 new bytes.
+            self.keydir.reserve(((size - self.end) / 128) as usize);
+            let from = self.end;
+            self.end = scan(&file, from, size, |off, r| self.apply(off, r.ty, r.seq, r.key, r.len))?;
         }
+        self.ensure_mapped()?;
+        Ok(size)
+    }
+
+    /// Indexes records this process just wrote at `at` (== the validated end, under the lock),
+    /// without reading them back.
+    fn apply_written(&mut self, at: u64, buf: &[u8]) -> io::Result<()> {
+        debug_assert_eq!(at, self.end);
+        let mut pos = 0;
+        while let Some(r) = parse_record(&buf[pos..]) {
+            let (ty, seq, key, len) = (r.ty, r.seq, *r.key, r.len);
+            self.apply(at + pos as u64, ty, seq, &key, len);
+            pos += len;
+        }
+        debug_assert_eq!(pos, buf.len());
+        self.end = at + pos as u64;
         self.ensure_mapped()
     }
 
@@ -990,6 +1005,7 @@ impl DiskIndex {
             };
             let cur = ident_of(&meta);
             let same = self.view_ref().as_ref().is_some_and(|v| v.ident == cur);
+            let mut size = None;
             if !same {
                 match File::open(&self.path).map_err(Err).and_then(load_view) {
                     Ok(v) => {
@@ -1011,12 +1027,16 @@ impl DiskIndex {
                 }
             } else {
                 let mut g = self.view_mut();
-                g.as_mut().expect("view present").extend()?;
+                size = Some(g.as_mut().expect("view present").extend()?);
             }
             let (ident, end, size) = {
                 let g = self.view_ref();
                 let v = g.as_ref().expect("view present");
-                (v.ident, v.end, v.file.metadata()?.len())
+                let size = match size {
+                    Some(s) => s,
+                    None => v.file.metadata()?.len(),
+                };
+                (v.ident, v.end, size)
             };
             if w.wfile.as_ref().is_none_or(|(_, id)| *id != ident) {
                 let f = OpenOptions::new().read(true).write(true).open(&self.path)?;
@@ -1150,7 +1170,7 @@ impl DiskIndex {
                 if self.opts.durability == Durability::Full {
                     file.sync_data()?;
                 }
-                self.view_mut().as_mut().expect("view present").extend()?;
+                self.view_mut().as_mut().expect("view present").apply_written(at, &buf)?;
                 self.counters.appends.fetch_add(out.written as u64, Relaxed);
             }
             self.counters.dedup_skips.fetch_add(out.deduped as u64, Relaxed);
