@@ -191,7 +191,9 @@ def test_append_8_processes(request: pytest.FixtureRequest, tmp_path: Path, batc
     jitkey.DiskIndex(tmp_path, max_bytes=1 << 30).close()
     barrier = ctx.Barrier(8)
     out = ctx.Array("d", 16)
-    procs = [ctx.Process(target=_append_worker, args=(str(tmp_path), w, n, batch, barrier, out)) for w in range(8)]
+    procs = [
+        ctx.Process(target=_append_worker, args=(str(tmp_path), w, n, batch, barrier, out)) for w in range(8)
+    ]
     for p in procs:
         p.start()
     for p in procs:

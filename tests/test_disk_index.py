@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import jitkey
+from _disk_workers import fsize_limited_writer, value_for
 from jitkey.errors import (
     DiskIndexWarning,
     IndexClosedError,
@@ -24,8 +25,6 @@ from jitkey.errors import (
     UnsupportedKeyError,
     ValueTooLargeError,
 )
-
-from _disk_workers import fsize_limited_writer, value_for
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="DiskIndex is unix-only")
 

@@ -244,7 +244,12 @@ def kill_during_compaction(tmp_path: Path, fault: str, rounds: int, with_appende
     ix2 = jitkey.DiskIndex(d)
     ix2.put(("fresh", 0), b"x")
     orphans = [p.name for p in d.iterdir() if ".tmp." in p.name]
-    fig = {"fault": fault, "rounds": rounds, "generation_advanced": sorted(gens_seen), "orphans_left": orphans}
+    fig = {
+        "fault": fault,
+        "rounds": rounds,
+        "generation_advanced": sorted(gens_seen),
+        "orphans_left": orphans,
+    }
     print("T3", fig)
     assert orphans == []
     return fig

@@ -81,13 +81,15 @@ impl PyDiskIndex {
 #[pymethods]
 impl PyDiskIndex {
     #[new]
-    #[pyo3(signature = (path = None, *, max_bytes = 64 << 20, durability = "none"))]
+    #[pyo3(signature = (path = None, *, max_bytes = 67108864, durability = "none"))]
     fn new(py: Python<'_>, path: Option<PathBuf>, max_bytes: u64, durability: &str) -> PyResult<Self> {
         let durability = match durability {
             "none" => Durability::None,
             "full" => Durability::Full,
             other => {
-                return Err(PyValueError::new_err(format!("durability must be 'none' or 'full', not {other:?}")))
+                return Err(PyValueError::new_err(format!(
+                    "durability must be 'none' or 'full', not {other:?}"
+                )))
             }
         };
         if max_bytes < 1 << 16 {
@@ -269,7 +271,8 @@ impl PyDiskIndex {
     /// compact_after_rename, compact_before_unlock). Per instance; nothing arms it implicitly.
     #[pyo3(signature = (point, after = 0))]
     fn _arm_fault(&self, point: &str, after: u32) -> PyResult<()> {
-        let f = Fault::from_name(point).ok_or_else(|| PyValueError::new_err(format!("unknown fault {point:?}")))?;
+        let f = Fault::from_name(point)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown fault {point:?}")))?;
         self.inner.arm_fault(f, after);
         Ok(())
     }

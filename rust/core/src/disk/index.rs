@@ -882,8 +882,13 @@ impl DiskIndex {
             w.wfile = None;
         }
         if w.lock.is_none() {
-            let f =
-                OpenOptions::new().read(true).write(true).create(true).mode(0o600).open(&self.lock_path)?;
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(&self.lock_path)?;
             w.lock = Some(f);
         }
         Ok(())
