@@ -282,7 +282,11 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 20_000, .. ProptestConfig::default() })]
+        // JITKEY_FUZZ_CASES=1000000 for the long run.
+        #![proptest_config(ProptestConfig {
+            cases: std::env::var("JITKEY_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000),
+            .. ProptestConfig::default()
+        })]
 
         /// Arbitrary bytes never panic the parser, and anything accepted is internally consistent.
         #[test]

@@ -25,8 +25,8 @@ use memmap2::{Mmap, MmapOptions};
 use rustix::fs::{flock, FlockOperation};
 
 use super::format::{
-    encode_pads, encode_record, pad_len_for, parse_record, Digest, Header, HeaderError, FORMAT_MAJOR,
-    HEADER_LEN, MAX_RECORD, MAX_VALUE, TYPE_PUT, TYPE_TOMBSTONE,
+    encode_pads, encode_record, pad_len_for, parse_record, record_len, Digest, Header, HeaderError,
+    FORMAT_MAJOR, HEADER_LEN, MAX_RECORD, MAX_VALUE, TYPE_PUT, TYPE_TOMBSTONE,
 };
 
 const LOCK_NAME: &str = "index.lock";
@@ -494,6 +494,7 @@ pub struct DiskIndex {
     writer: Mutex<Writer>,
     overlay: RwLock<Overlay>,
     overlay_used: AtomicBool,
+    overlay_bytes: AtomicU64,
     mode: RwLock<(Mode, String)>,
     counters: Counters,
     warned: AtomicU8,
@@ -523,6 +524,7 @@ impl DiskIndex {
             }),
             overlay: RwLock::new(Overlay::default()),
             overlay_used: AtomicBool::new(false),
+            overlay_bytes: AtomicU64::new(0),
             mode: RwLock::new((Mode::Memory, String::new())),
             counters: Counters::default(),
             warned: AtomicU8::new(0),
@@ -1070,6 +1072,15 @@ impl DiskIndex {
 
     fn memory_put(&self, key: &Digest, value: Option<&[u8]>) {
         let mut ov = self.overlay.write().unwrap_or_else(|p| p.into_inner());
+        // Memory-only entries are bounded by `max_bytes` too (record-sized accounting); past it
+        // they are dropped wholesale: this is a cache, and dropping never gives a wrong value.
+        let add = record_len(value.map_or(0, <[u8]>::len)) as u64;
+        if self.overlay_bytes.load(Relaxed) + add > self.opts.max_bytes {
+            self.counters.evictions.fetch_add(ov.len() as u64, Relaxed);
+            ov.clear();
+            self.overlay_bytes.store(0, Relaxed);
+        }
+        self.overlay_bytes.fetch_add(add, Relaxed);
         ov.insert(*key, value.map(Arc::from));
         self.overlay_used.store(true, Relaxed);
         self.counters.memory_only_puts.fetch_add(1, Relaxed);
@@ -1248,6 +1259,7 @@ impl DiskIndex {
         self.check_open()?;
         let mut ov = self.overlay.write().unwrap_or_else(|p| p.into_inner());
         ov.clear();
+        self.overlay_bytes.store(0, Relaxed);
         drop(ov);
         self.rewrite(true)
     }
@@ -1490,6 +1502,18 @@ mod tests {
     }
 
     #[test]
+    fn memory_mode_is_bounded() {
+        let opts = Options { access: Access::Memory, max_bytes: 1 << 16, ..Options::default() };
+        let idx = DiskIndex::open(Path::new("/nonexistent"), opts);
+        assert_eq!(idx.mode().0, Mode::Memory);
+        for i in 0..10_000 {
+            idx.put(&k(i), &[7; 100]).unwrap();
+        }
+        assert!(idx.len().unwrap() < 1000);
+        assert_eq!(idx.get(&k(9_999)).unwrap().as_deref(), Some(&[7u8; 100][..]));
+    }
+
+    #[test]
     fn foreign_and_corrupt_files() {
         let d = tmpdir("foreign");
         fs::write(
@@ -1514,6 +1538,14 @@ mod tests {
             .unwrap()
             .flatten()
             .any(|e| e.file_name().to_string_lossy().contains(".corrupt-")));
+        // Another format major (a newer jitkey): left untouched, memory-only.
+        let mut h = Header::new(1, 1);
+        h.major = FORMAT_MAJOR + 1;
+        fs::write(d.join(log_name()), h.encode()).unwrap();
+        let idx = DiskIndex::open(&d, Options::default());
+        assert_eq!(idx.mode().0, Mode::Memory);
+        assert!(idx.mode().1.contains("format major 2"), "{:?}", idx.mode());
+        assert_eq!(fs::read(d.join(log_name())).unwrap(), h.encode());
         fs::remove_dir_all(&d).unwrap();
     }
 }
