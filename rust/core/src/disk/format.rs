@@ -297,6 +297,23 @@ mod tests {
             let _ = Header::decode(&buf);
         }
 
+        /// Garbage behind a valid magic and plausible length/type fields never panics and is
+        /// never accepted (its checksum cannot match except by a 2^-64 accident).
+        #[test]
+        fn framed_garbage_is_refused(
+            total in 0u32..400, ty in 0u8..6, vlen in 0u16..400,
+            rest in proptest::collection::vec(any::<u8>(), 0..400),
+        ) {
+            let mut buf = Vec::new();
+            buf.extend_from_slice(&REC_MAGIC.to_le_bytes());
+            buf.extend_from_slice(&(total & !7).to_le_bytes());
+            buf.push(ty);
+            buf.push(0);
+            buf.extend_from_slice(&vlen.to_le_bytes());
+            buf.extend_from_slice(&rest);
+            prop_assert!(parse_record(&buf).is_none());
+        }
+
         /// Flipping any bits of a valid record makes it invalid or leaves it as it was: a
         /// damaged record is never accepted with a different key or value.
         #[test]
