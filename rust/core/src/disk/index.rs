@@ -197,7 +197,48 @@ struct Loc {
     seq: u64,
 }
 
-type KeyDir = HashMap<Digest, Loc, foldhash::fast::RandomState>;
+/// Keys are blake2b digests, already uniform: the table hash folds two of their words with a
+/// per-process seed (one multiply) instead of hashing 32 bytes again. A caller who hand-crafts
+/// digests to collide only slows down its own process.
+#[derive(Clone)]
+struct DigestHash(u64);
+
+impl Default for DigestHash {
+    fn default() -> Self {
+        use std::hash::BuildHasher;
+        DigestHash(foldhash::fast::RandomState::default().hash_one(0x6a69_746b_6579u64) | 1)
+    }
+}
+
+impl std::hash::BuildHasher for DigestHash {
+    type Hasher = DigestHasher;
+    fn build_hasher(&self) -> DigestHasher {
+        DigestHasher(self.0)
+    }
+}
+
+struct DigestHasher(u64);
+
+impl std::hash::Hasher for DigestHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        if bytes.len() >= 16 {
+            let a = u64::from_le_bytes(bytes[0..8].try_into().expect("8 bytes"));
+            let b = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+            let m = u128::from(a ^ self.0) * u128::from(b ^ 0x9E37_79B9_7F4A_7C15);
+            self.0 = (m as u64) ^ ((m >> 64) as u64);
+        } else {
+            for &x in bytes {
+                self.0 = (self.0 ^ u64::from(x)).wrapping_mul(0x100_0000_01B3);
+            }
+        }
+    }
+    fn write_usize(&mut self, _len: usize) {}
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type KeyDir = HashMap<Digest, Loc, DigestHash>;
 type Ident = (u64, u64);
 
 struct View {
@@ -479,7 +520,7 @@ impl From<io::Error> for WriteFail {
     }
 }
 
-type Overlay = HashMap<Digest, Option<Arc<[u8]>>, foldhash::fast::RandomState>;
+type Overlay = HashMap<Digest, Option<Arc<[u8]>>, DigestHash>;
 
 /// An append-only, crash-safe key → bytes index in one directory, shared by processes.
 ///
