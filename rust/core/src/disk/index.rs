@@ -1543,6 +1543,26 @@ mod tests {
     }
 
     #[test]
+    fn lock_timeout_keeps_the_write_in_memory() {
+        let d = tmpdir("locktimeout");
+        let opts = Options { lock_timeout: Duration::from_millis(50), ..Options::default() };
+        let idx = DiskIndex::open(&d, opts);
+        assert_eq!(idx.mode().0, Mode::ReadWrite);
+        // Another open file description holding the lock (as another process would).
+        let holder = File::open(d.join(LOCK_NAME)).unwrap();
+        flock(&holder, FlockOperation::LockExclusive).unwrap();
+        let out = idx.put(&k(1), b"one").unwrap();
+        assert_eq!(out.memory_only, 1);
+        assert_eq!(idx.stats().lock_timeouts, 1);
+        assert_eq!(idx.take_warnings().len(), 1);
+        assert_eq!(idx.get(&k(1)).unwrap().as_deref(), Some(&b"one"[..]));
+        flock(&holder, FlockOperation::Unlock).unwrap();
+        idx.put(&k(2), b"two").unwrap();
+        assert_eq!(DiskIndex::open(&d, Options::default()).get(&k(2)).unwrap().as_deref(), Some(&b"two"[..]));
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
     fn memory_mode_is_bounded() {
         let opts = Options { access: Access::Memory, max_bytes: 1 << 16, ..Options::default() };
         let idx = DiskIndex::open(Path::new("/nonexistent"), opts);
