@@ -66,7 +66,9 @@ def encode(value: Any, _depth: int = 0) -> bytes:
         if _depth >= MAX_DEPTH:
             raise KeyDepthError(f"key is nested deeper than the limit of {MAX_DEPTH} levels")
         return (
-            bytes([T_TUPLE]) + struct.pack("<I", len(value)) + b"".join(encode(v, _depth + 1) for v in value)
+            bytes([T_TUPLE])
+            + struct.pack("<I", len(value))
+            + b"".join(encode(v, _depth + 1) for v in value)
         )
     if _is_torch(value, "dtype"):
         name = str(value).removeprefix("torch.").encode("ascii")
@@ -79,9 +81,7 @@ def encode(value: Any, _depth: int = 0) -> bytes:
         if _depth >= MAX_DEPTH:
             raise KeyDepthError(f"key is nested deeper than the limit of {MAX_DEPTH} levels")
         name = _type_name(tp).encode("utf-8")
-        return (
-            bytes([T_OBJECT]) + struct.pack("<H", len(name)) + name + encode(value.__jitkey__(), _depth + 1)
-        )
+        return bytes([T_OBJECT]) + struct.pack("<H", len(name)) + name + encode(value.__jitkey__(), _depth + 1)
     raise UnsupportedKeyError(f"cannot key a value of type {_type_name(tp)!r}")
 
 

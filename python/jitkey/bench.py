@@ -42,9 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     repeat, number = (5, 2_000) if args.quick else (9, 20_000)
 
-    print(
-        f"jitkey {jitkey.__version__} · Python {sys.version.split()[0]} · median ns/call of {repeat} repeats"
-    )
+    print(f"jitkey {jitkey.__version__} · Python {sys.version.split()[0]} · median ns/call of {repeat} repeats")
     print(f"{'case':<28}{'impl':<26}{'ns':>10}{'ratio':>9}")
     for n in (4, 16):
         key = _triton_style_key(n)
@@ -52,10 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         assert jitkey.digest(key) == _reference.digest(key)
         cases: list[tuple[str, Callable[[], object]]] = [
             ("python hash(tuple)", lambda key=key: hash(key)),
-            (
-                "blake2b(pickle) [py]",
-                lambda key=key: hashlib.blake2b(pickle.dumps(key), digest_size=32).digest(),
-            ),
+            ("blake2b(pickle) [py]", lambda key=key: hashlib.blake2b(pickle.dumps(key), digest_size=32).digest()),
             ("jitkey.fast_hash", lambda key=key: jitkey.fast_hash(key)),
             ("jitkey.encode", lambda key=key: jitkey.encode(key)),
             ("jitkey.digest", lambda key=key: jitkey.digest(key)),
