@@ -1,6 +1,11 @@
 """Type stubs for the native extension ``jitkey._core`` (the docstrings of the public API live here)."""
 
+import os
+import pathlib
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, TypeVar, final, overload
+
+from typing_extensions import Self
 
 _T = TypeVar("_T")
 
@@ -59,3 +64,110 @@ class LruCache:
     @property
     def capacity(self) -> int: ...
     def stats(self) -> dict[str, int]: ...
+
+@final
+class DiskIndex:
+    """A persistent key → bytes index in one directory, shared by many processes (unix only).
+
+    One append-only log, ``index.v1.jki``, with 8-byte aligned, xxh3-64 checksummed records.
+    Writers append under an advisory ``flock`` on ``index.lock`` (one write per batch, identical
+    values are not written twice); readers take no lock: they index only records that validate and
+    re-check a record's checksum and key before returning its value, so a torn, damaged or foreign
+    file gives a miss, never a wrong value. A get that misses looks for new appends (or a file
+    compacted by another process) at once; a hit notices another process's update of the same key
+    within 200 ms, or at once after :meth:`refresh`. When the file passes ``max_bytes`` (or is more
+    than half dead above 8 MiB), the writer rewrites the live entries to a temp file, fsyncs it and
+    renames it over the log, evicting the oldest entries down to 3/4 of ``max_bytes``.
+
+    ``path`` is a directory, created with mode 0700 if missing. Default: ``$JITKEY_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/jitkey``, else ``~/.cache/jitkey``. ``durability="none"`` (default):
+    a killed process loses at most the batch it was writing, power loss may lose recent appends;
+    ``"full"``: ``fdatasync`` after every batch and an fsync of the directory after renames.
+
+    Keys: a 32-byte ``bytes`` is used as the digest itself (e.g. from :func:`digest`); any other
+    keyable value (as for :func:`encode`) is digested. Values: ``bytes`` of at most
+    :attr:`MAX_VALUE` bytes.
+
+    The environment never raises: an unusable, foreign-owned or group/world-writable directory, a
+    file that is not an index, a network filesystem, a full disk or a lock held longer than 10 s
+    make the index read-only (hits from the file, puts kept in this process's memory) or
+    memory-only, with one :class:`jitkey.errors.DiskIndexWarning` per kind; see :attr:`mode` and
+    :attr:`mode_reason`. After ENOSPC/EDQUOT/EFBIG, writes stay in memory for 60 s, then retry.
+    ``JITKEY_DISK_CACHE=ro`` or ``0`` forces read-only or memory-only mode.
+
+    Raises:
+        ValueError: ``durability`` not ``"none"``/``"full"``, ``max_bytes`` below 65536, or a bad
+            ``JITKEY_DISK_CACHE``.
+    """
+
+    MAX_VALUE: Final[int]
+    """The largest value in bytes (65472: a record is at most 64 KiB)."""
+
+    def __new__(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        max_bytes: int = 67108864,
+        durability: str = "none",
+    ) -> Self: ...
+    def get(self, key: object) -> bytes | None:
+        """Return the value stored under ``key``, or ``None``.
+
+        Raises:
+            jitkey.errors.KeyLengthError: a ``bytes`` key that is not 32 bytes long.
+            jitkey.errors.UnsupportedKeyError: a key jitkey cannot encode.
+            jitkey.errors.IndexClosedError: the index was closed.
+        """
+    def __contains__(self, key: object, /) -> bool: ...
+    def put(self, key: object, value: bytes) -> None:
+        """Store ``value`` under ``key`` (the latest put wins, across processes).
+
+        Raises:
+            jitkey.errors.ValueTooLargeError: ``value`` is longer than :attr:`MAX_VALUE`.
+            TypeError: ``value`` is not ``bytes``; key errors as for :meth:`get`.
+        """
+    def put_many(self, items: Iterable[tuple[object, bytes]] | Mapping[object, bytes]) -> None:
+        """Store many entries with one lock acquisition and one write.
+
+        Nothing is written if any value is too large (:class:`jitkey.errors.ValueTooLargeError`).
+        """
+    def delete(self, key: object) -> bool:
+        """Remove ``key`` (a tombstone record); return whether it was present."""
+    def __len__(self) -> int:
+        """The number of live keys (after looking for other processes' appends)."""
+    def refresh(self) -> None:
+        """Pick up other processes' appends and compactions now."""
+    def compact(self) -> bool:
+        """Rewrite the live entries to a new file now (evicting past the cap); ``False`` if the
+        index is not writable or the rewrite failed (then with a warning)."""
+    def clear(self) -> bool:
+        """Remove every entry, for every process (a compaction to an empty file)."""
+    def stats(self) -> dict[str, Any]:
+        """Counters and state: ``mode``, ``mode_reason``, ``path``, ``hits``, ``misses``, ``appends``,
+        ``dedup_skips``, ``torn_tails_padded``, ``invalid_bytes_padded``, ``corrupt_records_skipped``,
+        ``compactions``, ``evictions``, ``lock_acquisitions``, ``lock_timeouts``, ``lock_wait_us_p50``
+        and ``lock_wait_us_p99`` (power-of-two bucket bounds), ``write_errors``, ``memory_only_puts``,
+        ``refreshes``, ``reopens``, ``entries``, ``file_bytes``, ``live_bytes``, ``generation``,
+        ``max_bytes``. Counters are per process."""
+    @property
+    def mode(self) -> str:
+        """``"rw"``, ``"ro"`` (hits from the file, puts in memory) or ``"memory"``."""
+    @property
+    def mode_reason(self) -> str:
+        """Why the mode is not ``"rw"`` (empty when it is)."""
+    @property
+    def path(self) -> pathlib.Path:
+        """The log file (``<directory>/index.v1.jki``)."""
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None:
+        """Unmap and close the files; later calls raise :class:`jitkey.errors.IndexClosedError`."""
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *_exc: object) -> bool: ...
+    def _arm_fault(self, point: str, after: int = 0) -> None:
+        """Private, for jitkey's crash tests: SIGKILL this process the ``after``-th time it reaches
+        ``point`` (``split_write``, ``compact_tmp_created``, ``compact_mid_write``,
+        ``compact_after_fsync``, ``compact_after_rename``, ``compact_before_unlock``)."""
+    @classmethod
+    def default_directory(cls) -> pathlib.Path | None:
+        """The directory used when ``path`` is ``None`` (from the environment)."""

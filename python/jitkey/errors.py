@@ -9,10 +9,12 @@ from __future__ import annotations
 
 __all__ = [
     "ArgumentError",
+    "DiskIndexWarning",
     "FunctionKeyError",
     "GlobalsChangedError",
     "IndexClosedError",
     "JitKeyError",
+    "JitKeyWarning",
     "KeyDepthError",
     "KeyLengthError",
     "SignatureError",
@@ -67,3 +69,16 @@ class ValueTooLargeError(JitKeyError, ValueError):
 
 class GlobalsChangedError(JitKeyError, RuntimeError):
     """A global a kernel reads changed since it was compiled (the cached kernel would be stale)."""
+
+
+class JitKeyWarning(Warning):
+    """Base class for every warning jitkey emits."""
+
+
+class DiskIndexWarning(JitKeyWarning, RuntimeWarning):
+    """The environment kept a :class:`jitkey.DiskIndex` from using its file as asked.
+
+    Emitted once per index and kind (unusable or unsafe directory, foreign or damaged file, disk
+    full, lock timeout); the index then serves misses or runs read-only / memory-only and never
+    returns a wrong value. ``DiskIndex.mode`` and ``DiskIndex.mode_reason`` say what it chose.
+    """

@@ -5,8 +5,11 @@
 //!
 //! * [`key`]: the canonical, injective, versioned key encoding, its blake2b-256 digest and the
 //!   per-process seeded fast hash used by in-memory tables.
+//! * [`disk`]: the mmap'd, append-only, crash-safe key index shared by processes (unix).
 //! * [`lru`]: the bounded concurrent cache (key encoding → value) behind `jitkey.LruCache`.
 
+#[cfg(unix)]
+pub mod disk;
 pub mod key;
 pub mod lru;
 

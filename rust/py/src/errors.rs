@@ -3,3 +3,6 @@
 pyo3::import_exception!(jitkey.errors, UnsupportedKeyError);
 pyo3::import_exception!(jitkey.errors, KeyDepthError);
 pyo3::import_exception!(jitkey.errors, KeyLengthError);
+pyo3::import_exception!(jitkey.errors, IndexClosedError);
+pyo3::import_exception!(jitkey.errors, ValueTooLargeError);
+pyo3::import_exception!(jitkey.errors, DiskIndexWarning);

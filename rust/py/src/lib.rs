@@ -2,6 +2,8 @@
 
 use pyo3::prelude::*;
 
+#[cfg(unix)]
+mod disk;
 mod errors;
 mod keys;
 mod lru;
@@ -14,5 +16,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DIGEST_DOMAIN", pyo3::types::PyBytes::new(m.py(), jitkey_core::key::DIGEST_DOMAIN))?;
     keys::register(m)?;
     lru::register(m)?;
+    #[cfg(unix)]
+    disk::register(m)?;
     Ok(())
 }

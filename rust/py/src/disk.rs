@@ -1,0 +1,288 @@
+//! `jitkey.DiskIndex`: the Python face of `jitkey_core::disk::DiskIndex`.
+//!
+//! File I/O and lock waits run with the GIL released (`py.detach`); a hit is served with the GIL
+//! held and no I/O (hash lookup + checksum of one record + one bytes object).
+
+use std::ffi::CString;
+use std::path::PathBuf;
+
+use jitkey_core::disk::{
+    default_dir, Access, DiskIndex, Durability, Fault, IndexError, Options, Probe, MAX_VALUE,
+};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyType};
+
+use crate::errors::{DiskIndexWarning, IndexClosedError, KeyLengthError, ValueTooLargeError};
+use crate::keys::with_encoding;
+
+type Digest = [u8; 32];
+
+#[pyclass(name = "DiskIndex", module = "jitkey._core", frozen)]
+pub(crate) struct PyDiskIndex {
+    inner: DiskIndex,
+}
+
+/// A 32-byte `bytes` is taken as a digest; any other keyable value is digested.
+fn key_digest(key: &Bound<'_, PyAny>) -> PyResult<Digest> {
+    if let Ok(b) = key.cast_exact::<PyBytes>() {
+        let s = b.as_bytes();
+        return <Digest>::try_from(s).map_err(|_| {
+            KeyLengthError::new_err(format!(
+                "a bytes key must be a 32-byte digest (got {} bytes); use jitkey.digest(value) or pass a \
+                 non-bytes keyable value",
+                s.len()
+            ))
+        });
+    }
+    with_encoding(key, "key", jitkey_core::key::digest)
+}
+
+fn index_err(e: IndexError) -> PyErr {
+    match e {
+        IndexError::Closed => IndexClosedError::new_err("DiskIndex is closed"),
+        IndexError::ValueTooLarge { index, len } => ValueTooLargeError::new_err(format!(
+            "value #{index} is {len} bytes; DiskIndex values are at most {MAX_VALUE} bytes (DiskIndex.MAX_VALUE)"
+        )),
+    }
+}
+
+impl PyDiskIndex {
+    /// Turns environment trouble the core recorded into `DiskIndexWarning`s (each kind once).
+    fn flush_warnings(&self, py: Python<'_>) -> PyResult<()> {
+        if !self.inner.has_warnings() {
+            return Ok(());
+        }
+        let cat = py.get_type::<DiskIndexWarning>();
+        for msg in self.inner.take_warnings() {
+            let msg = CString::new(msg.replace('\0', " ")).expect("no NUL");
+            PyErr::warn(py, cat.as_any(), &msg, 2)?;
+        }
+        Ok(())
+    }
+
+    fn lookup<'py>(&self, py: Python<'py>, key: &Digest) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let hit = match self.inner.probe(key, false, |v| PyBytes::new(py, v)).map_err(index_err)? {
+            Probe::Hit(b) => Some(b),
+            Probe::Miss => None,
+            Probe::Refresh => {
+                py.detach(|| self.inner.refresh());
+                match self.inner.probe(key, true, |v| PyBytes::new(py, v)).map_err(index_err)? {
+                    Probe::Hit(b) => Some(b),
+                    _ => None,
+                }
+            }
+        };
+        self.flush_warnings(py)?;
+        Ok(hit)
+    }
+}
+
+#[pymethods]
+impl PyDiskIndex {
+    #[new]
+    #[pyo3(signature = (path = None, *, max_bytes = 67108864, durability = "none"))]
+    fn new(py: Python<'_>, path: Option<PathBuf>, max_bytes: u64, durability: &str) -> PyResult<Self> {
+        let durability = match durability {
+            "none" => Durability::None,
+            "full" => Durability::Full,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "durability must be 'none' or 'full', not {other:?}"
+                )))
+            }
+        };
+        if max_bytes < 1 << 16 {
+            return Err(PyValueError::new_err(format!("max_bytes must be at least 65536, got {max_bytes}")));
+        }
+        let mut access = match std::env::var("JITKEY_DISK_CACHE").as_deref() {
+            Err(_) | Ok("") | Ok("rw") | Ok("1") => Access::ReadWrite,
+            Ok("ro") => Access::ReadOnly,
+            Ok("0") | Ok("off") | Ok("memory") => Access::Memory,
+            Ok(other) => {
+                return Err(PyValueError::new_err(format!(
+                    "JITKEY_DISK_CACHE must be rw, ro or 0, not {other:?}"
+                )))
+            }
+        };
+        let dir = path.or_else(default_dir).unwrap_or_else(|| {
+            access = Access::Memory;
+            PathBuf::new()
+        });
+        let opts = Options { max_bytes, durability, access, ..Options::default() };
+        let inner = py.detach(|| DiskIndex::open(&dir, opts));
+        let this = Self { inner };
+        this.flush_warnings(py)?;
+        Ok(this)
+    }
+
+    /// The largest value, in bytes.
+    #[classattr]
+    #[allow(non_snake_case)]
+    fn MAX_VALUE() -> usize {
+        MAX_VALUE
+    }
+
+    fn get<'py>(&self, py: Python<'py>, key: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let k = key_digest(key)?;
+        self.lookup(py, &k)
+    }
+
+    fn __contains__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let k = key_digest(key)?;
+        Ok(self.lookup(py, &k)?.is_some())
+    }
+
+    fn put(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &[u8]) -> PyResult<()> {
+        let k = key_digest(key)?;
+        let r = py.detach(|| self.inner.put(&k, value));
+        self.flush_warnings(py)?;
+        r.map(|_| ()).map_err(index_err)
+    }
+
+    fn put_many(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<()> {
+        let iter = match items.cast::<PyDict>() {
+            Ok(d) => d.call_method0("items")?.try_iter()?,
+            Err(_) => items.try_iter()?,
+        };
+        let mut owned: Vec<(Digest, Bound<'_, PyBytes>)> = Vec::new();
+        for item in iter {
+            let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item?.extract()?;
+            let v = v.cast_into::<PyBytes>().map_err(PyErr::from)?;
+            owned.push((key_digest(&k)?, v));
+        }
+        let batch: Vec<(Digest, &[u8])> = owned.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+        let r = py.detach(|| self.inner.put_many(&batch));
+        self.flush_warnings(py)?;
+        r.map(|_| ()).map_err(index_err)
+    }
+
+    fn delete(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let k = key_digest(key)?;
+        let r = py.detach(|| self.inner.delete(&k));
+        self.flush_warnings(py)?;
+        r.map_err(index_err)
+    }
+
+    fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
+        py.detach(|| self.inner.refresh());
+        self.inner.len().map_err(index_err)
+    }
+
+    fn refresh(&self, py: Python<'_>) -> PyResult<()> {
+        if self.inner.is_closed() {
+            return Err(index_err(IndexError::Closed));
+        }
+        py.detach(|| self.inner.refresh());
+        Ok(())
+    }
+
+    fn compact(&self, py: Python<'_>) -> PyResult<bool> {
+        let r = py.detach(|| self.inner.compact());
+        self.flush_warnings(py)?;
+        r.map_err(index_err)
+    }
+
+    fn clear(&self, py: Python<'_>) -> PyResult<bool> {
+        let r = py.detach(|| self.inner.clear());
+        self.flush_warnings(py)?;
+        r.map_err(index_err)
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.stats();
+        let (mode, reason) = self.inner.mode();
+        let d = PyDict::new(py);
+        d.set_item("mode", mode.as_str())?;
+        d.set_item("mode_reason", reason)?;
+        d.set_item("path", self.inner.path())?;
+        for (k, v) in [
+            ("hits", s.hits),
+            ("misses", s.misses),
+            ("appends", s.appends),
+            ("dedup_skips", s.dedup_skips),
+            ("torn_tails_padded", s.torn_tails_padded),
+            ("invalid_bytes_padded", s.invalid_bytes_padded),
+            ("corrupt_records_skipped", s.corrupt_records_skipped),
+            ("compactions", s.compactions),
+            ("evictions", s.evictions),
+            ("lock_acquisitions", s.lock_acquisitions),
+            ("lock_timeouts", s.lock_timeouts),
+            ("lock_wait_us_p50", s.lock_wait_us_p50),
+            ("lock_wait_us_p99", s.lock_wait_us_p99),
+            ("write_errors", s.write_errors),
+            ("memory_only_puts", s.memory_only_puts),
+            ("refreshes", s.refreshes),
+            ("reopens", s.reopens),
+            ("entries", s.entries),
+            ("file_bytes", s.file_bytes),
+            ("live_bytes", s.live_bytes),
+            ("generation", s.generation),
+            ("max_bytes", self.inner.options().max_bytes),
+        ] {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+
+    #[getter]
+    fn mode(&self) -> &'static str {
+        self.inner.mode().0.as_str()
+    }
+
+    #[getter]
+    fn mode_reason(&self) -> String {
+        self.inner.mode().1
+    }
+
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.inner.path().to_path_buf()
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.inner.close());
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
+        if slf.get().inner.is_closed() {
+            return Err(index_err(IndexError::Closed));
+        }
+        Ok(slf)
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> bool {
+        self.close(py);
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        format!("DiskIndex({:?}, mode={:?})", self.inner.dir(), self.inner.mode().0.as_str())
+    }
+
+    /// PRIVATE, for jitkey's crash tests only: SIGKILL this process the `after`-th time it reaches
+    /// `point` (split_write, compact_tmp_created, compact_mid_write, compact_after_fsync,
+    /// compact_after_rename, compact_before_unlock). Per instance; nothing arms it implicitly.
+    #[pyo3(signature = (point, after = 0))]
+    fn _arm_fault(&self, point: &str, after: u32) -> PyResult<()> {
+        let f = Fault::from_name(point)
+            .ok_or_else(|| PyValueError::new_err(format!("unknown fault {point:?}")))?;
+        self.inner.arm_fault(f, after);
+        Ok(())
+    }
+
+    #[classmethod]
+    fn default_directory(_cls: &Bound<'_, PyType>) -> Option<PathBuf> {
+        default_dir()
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyDiskIndex>()
+}
