@@ -43,15 +43,21 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from jitkey._core import LruCache
+from jitkey._core import LruCache, encode
 from jitkey.errors import GlobalsChangedError, JitKeyError
 
 __all__ = [
     "Keyer",
+    "NativeKeyer",
     "PythonKeyer",
     "TritonKernel",
+    "Unkeyable",
+    "auto_keyer",
     "bind",
     "jit",
+    "native_available",
+    "native_keyer",
+    "python_keyer",
     "set_default_keyer",
 ]
 
@@ -177,21 +183,24 @@ def _get_runtime() -> _Runtime | None:
 
 
 class Keyer(Protocol):
-    """The per-call key builder + table a :class:`TritonKernel` uses.
+    """The per-call key builder + table a :class:`TritonKernel` uses (swap it with ``bind(fn, keyer=...)``).
 
-    ``ctx`` is a tuple of keyable leaves the launcher computes per call (current device index, knob
-    state, sorted launch options); ``params`` holds every kernel parameter in signature order, defaults
-    applied. ``lookup`` returns the stored entry or ``None``; it raises :class:`Unkeyable` (or a
-    :class:`jitkey.errors.JitKeyError`) for arguments outside its rules. The key of ``(ctx, params)``
-    must be a function of ``ctx`` and the parameters' Triton buckets only, and at least as fine as
-    Triton's specialization (``tests/test_triton_cpu.py`` checks any keyer against Triton's binder).
+    ``args`` is ``(ctx, *params)``: ``ctx`` a tuple of keyable leaves the launcher computes per call
+    (current device index, knob state, sorted launch options), then every kernel parameter in signature
+    order with defaults applied. ``lookup(args)`` returns the stored entry, or ``MISS``; it raises
+    :class:`Unkeyable` or a :class:`jitkey.errors.JitKeyError` (e.g. ``ArgumentError``) for arguments
+    outside its rules, which sends the call to Triton's own path. ``key(args)`` returns the key's
+    canonical bytes (for tests). The key must be a function of ``ctx`` and the parameters' buckets only,
+    and at least as fine as Triton's specialization: ``tests/test_triton_cpu.py`` checks every available
+    keyer against Triton's own binder.
     """
 
     name: str
+    MISS: object
+    lookup: Callable[[tuple[Any, ...]], Any]
 
-    def lookup(self, ctx: tuple[Any, ...], params: tuple[Any, ...]) -> Any | None: ...
-    def insert(self, ctx: tuple[Any, ...], params: tuple[Any, ...], entry: Any) -> None: ...
-    def key(self, ctx: tuple[Any, ...], params: tuple[Any, ...]) -> object: ...
+    def insert(self, args: tuple[Any, ...], entry: Any) -> None: ...
+    def key(self, args: tuple[Any, ...]) -> bytes: ...
     def stats(self) -> dict[str, int]: ...
     def __len__(self) -> int: ...
 
@@ -303,21 +312,22 @@ class PythonKeyer:
     """
 
     name = "python"
+    MISS = None
 
     def __init__(self, modes: list[int], capacity: int = 4096) -> None:
         self.modes = list(modes)
         self.cache = LruCache(capacity)
-        self._build = self._generate(self.modes)
+        self.build, self.lookup = self._generate(self.modes, self.cache)
 
     @staticmethod
-    def _generate(modes: list[int]) -> Callable[[tuple[Any, ...], tuple[Any, ...]], tuple[Any, ...]]:
+    def _generate(modes: list[int], cache: LruCache) -> tuple[Callable[..., Any], Callable[..., Any]]:
         import torch
 
-        lines = ["def build(ctx, p):"]
-        out = ["ctx"]
+        lines = []
+        out = ["p[0]"]
         for i, mode in enumerate(modes):
             x = f"x{i}"
-            lines.append(f"    {x} = p[{i}]")
+            lines.append(f"    {x} = p[{i + 1}]")
             if mode == _CONSTEXPR:
                 lines.append(f"    t = type({x})")
                 lines.append(
@@ -331,29 +341,36 @@ class PythonKeyer:
                 lines.append(f"    if t is _Tensor: k{i} = {x}.dtype; a{i} = {x}.data_ptr() & 15 == 0")
             else:
                 lines.append(f"    if t is _Tensor: k{i} = {x}.dtype; a{i} = None")
-            lines.append(f"    elif t is int: k{i} = 'int'; a{i} = _int_bucket({x}, {mode})")
+            if mode == _FULL:  # the common i32 case inline, the rest in _int_bucket
+                lines.append(
+                    f"    elif t is int: k{i} = 'int'; a{i} = (1 if {x} == 1 else 2 if not {x} & 15 else 3) "
+                    f"if -2147483648 <= {x} <= 2147483647 else _int_bucket({x}, {mode})"
+                )
+            else:
+                lines.append(f"    elif t is int: k{i} = 'int'; a{i} = _int_bucket({x}, {mode})")
             lines.append(f"    elif t is float: k{i} = 'fp'; a{i} = None")
+            lines.append(f"    elif t is bool: k{i} = 'u1'; a{i} = None")
+            lines.append(f"    elif {x} is None: k{i} = 'none'; a{i} = None")
             lines.append(f"    else: k{i}, a{i} = _arg_key({x}, {mode})")
             out += [f"k{i}", f"a{i}"]
-        lines.append(f"    return ({', '.join(out)},)")
+        body = "\n".join(lines)
+        src = f"def build(p):\n{body}\n    return ({', '.join(out)},)\n"
+        src += f"def lookup(p):\n{body}\n    return _get(({', '.join(out)},))\n"
         ns: dict[str, Any] = {
             "_Tensor": torch.Tensor,
             "_int_bucket": _int_bucket,
             "_arg_key": _arg_key,
             "_constexpr_key": _constexpr_key,
+            "_get": cache.get,
         }
-        exec("\n".join(lines), ns)
-        build: Callable[[tuple[Any, ...], tuple[Any, ...]], tuple[Any, ...]] = ns["build"]
-        return build
+        exec(src, ns)
+        return ns["build"], ns["lookup"]
 
-    def key(self, ctx: tuple[Any, ...], params: tuple[Any, ...]) -> tuple[Any, ...]:
-        return self._build(ctx, params)
+    def key(self, args: tuple[Any, ...]) -> bytes:
+        return encode(self.build(args))
 
-    def lookup(self, ctx: tuple[Any, ...], params: tuple[Any, ...]) -> Any | None:
-        return self.cache.get(self._build(ctx, params))
-
-    def insert(self, ctx: tuple[Any, ...], params: tuple[Any, ...], entry: Any) -> None:
-        self.cache[self._build(ctx, params)] = entry
+    def insert(self, args: tuple[Any, ...], entry: Any) -> None:
+        self.cache[self.build(args)] = entry
 
     def stats(self) -> dict[str, int]:
         return self.cache.stats()
@@ -362,21 +379,96 @@ class PythonKeyer:
         return len(self.cache)
 
 
+class NativeKeyer:
+    """Keyer over the native ``jitkey.Signature`` with ``jitkey.rules.triton(jit_fn)`` (issue #4).
+
+    The signature is ``[("ctx", rules.any_()), *rules.triton(jit_fn)]``; one native call per launch encodes
+    the arguments with the compiled plan, hashes and probes the :class:`jitkey.LruCache`.
+    """
+
+    name = "native"
+
+    def __init__(self, jit_fn: Any, capacity: int = 4096) -> None:
+        import jitkey
+        from jitkey import rules
+
+        self.MISS = jitkey.MISS
+        self.sig = jitkey.Signature([("_jk_ctx", rules.any_()), *rules.triton(jit_fn)])
+        self.cache = LruCache(capacity)
+        self.lookup = functools.partial(self.sig.lookup, self.cache)
+
+    def key(self, args: tuple[Any, ...]) -> bytes:
+        return bytes(self.sig.encode(args))
+
+    def insert(self, args: tuple[Any, ...], entry: Any) -> None:
+        self.sig.insert(self.cache, args, entry)
+
+    def stats(self) -> dict[str, int]:
+        return self.cache.stats()
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+
+def native_available() -> bool:
+    """Whether this jitkey build has the native ``Signature`` + ``rules.triton`` (issue #4)."""
+    try:
+        import jitkey
+        from jitkey import rules
+    except ImportError:
+        return False
+    return all(hasattr(jitkey, n) for n in ("Signature", "MISS")) and hasattr(rules, "triton")
+
+
 KeyerFactory = Callable[[Any, list[int]], Keyer]
 """``factory(jit_fn, modes) -> Keyer``; ``modes[i]`` is one of the ``_FULL/_NO_ALIGN/_NO_SPEC/_CONSTEXPR``."""
 
 
-def _python_keyer(jit_fn: Any, modes: list[int]) -> Keyer:
+def python_keyer(jit_fn: Any, modes: list[int]) -> Keyer:
+    """Factory of :class:`PythonKeyer` (pass as ``bind(fn, keyer=python_keyer)``)."""
     return PythonKeyer(modes)
 
 
-_default_keyer: KeyerFactory = _python_keyer
+def native_keyer(jit_fn: Any, modes: list[int]) -> Keyer:
+    """Factory of :class:`NativeKeyer` (needs :func:`native_available`)."""
+    return NativeKeyer(jit_fn)
+
+
+@functools.cache
+def _native_tuples_exact() -> bool:
+    """Whether the native rules specialize tuple members fully under ``do_not_specialize`` (as Triton does).
+
+    Triton's ``native_specialize_impl`` recurses into tuples with value and alignment specialization on,
+    whatever the parameter's flags; a rule that recursed with the parameter's own flags would key
+    ``(16, 1)`` and ``(17, 1)`` alike where Triton compiles two kernels.
+    """
+    import jitkey
+    from jitkey import rules
+
+    try:
+        for flags in ({"do_not_specialize": [0]}, {"do_not_specialize_on_alignment": [0]}):
+            sig = jitkey.Signature([("_jk_ctx", rules.any_()), *rules.triton(params=["a"], **flags)])
+            if sig.encode(((), (16, 1))) == sig.encode(((), (17, 1))):
+                return False
+    except Exception:
+        return False
+    return True
+
+
+def auto_keyer(jit_fn: Any, modes: list[int]) -> Keyer:
+    """The native keyer where this build has it (and it is exact for this kernel), else the Python one."""
+    if native_available() and (all(m in (_FULL, _CONSTEXPR) for m in modes) or _native_tuples_exact()):
+        return native_keyer(jit_fn, modes)
+    return python_keyer(jit_fn, modes)
+
+
+_default_keyer: KeyerFactory = auto_keyer
 
 
 def set_default_keyer(factory: KeyerFactory | None) -> None:
-    """Set the keyer factory :func:`bind` uses when none is given (``None`` restores the Python keyer)."""
+    """Set the keyer factory :func:`bind` uses when none is given (``None`` restores :func:`auto_keyer`)."""
     global _default_keyer
-    _default_keyer = factory or _python_keyer
+    _default_keyer = factory or auto_keyer
 
 
 def _param_modes(jit_fn: Any) -> list[int]:
@@ -404,7 +496,6 @@ class TritonKernel:
     def __init__(self, fn: Any, *, keyer: KeyerFactory | None = None) -> None:
         self.fn = fn  # like triton's Autotuner/Heuristics wrappers: .fn is the wrapped kernel interface
         self._fallbacks: Counter[str] = Counter()
-        self._misses_vetoed = 0
         self._ugv_src: object = None
         self._ugv_snap: list[list[Any]] = []
         self._lock = threading.Lock()
@@ -468,15 +559,15 @@ class TritonKernel:
             "fast_path_problem": self.fast_path_problem,
         }
 
-    def key_of(self, args: Iterable[Any], kwargs: dict[str, Any] | None = None, *, device: int) -> object:
-        """The key a call with ``args``/``kwargs`` on ``device`` would use (raises :class:`Unkeyable`).
+    def key_of(self, args: Iterable[Any], kwargs: dict[str, Any] | None = None, *, device: int) -> bytes:
+        """The key bytes a call with ``args``/``kwargs`` on ``device`` would use (raises like a lookup).
 
         For tests and debugging: no lookup, no launch, no GPU needed.
         """
         if self.keyer is None:
             raise Unkeyable(self.fast_path_problem or "no keyer")
         params, opts = self._bind_args(tuple(args), dict(kwargs or {}))
-        return self.keyer.key(self._ctx(device, opts), params)
+        return self.keyer.key((self._ctx(device, opts), *params))
 
     def __getattr__(self, name: str) -> Any:
         # Everything else (arg_names, params, signature, device_caches, add_pre_run_hook, ...) is the
@@ -525,9 +616,10 @@ class TritonKernel:
         self._fallbacks[reason] += 1
         return self.fn.run(*args, grid=grid, warmup=False, **kwargs)
 
-    def _miss(self, ctx: tuple[Any, ...], grid: Any, params: tuple[Any, ...], opts: dict[str, Any]) -> Any:
+    def _miss(self, args: tuple[Any, ...], grid: Any, opts: dict[str, Any]) -> Any:
         # Triton binds, compiles if needed and launches exactly as fn[grid](...) would, and returns the
         # CompiledKernel it chose for this specialization.
+        params = args[1:]
         ck = self.fn.run(*params, grid=grid, warmup=False, **opts)
         if ck is None:  # a knobs.runtime.jit_cache_hook vetoed the compile (Triton launched nothing)
             self._fallbacks["jit_cache_hook vetoed the compile"] += 1
@@ -546,7 +638,7 @@ class TritonKernel:
             self._fallbacks["CompiledKernel.function is None after _init_handles"] += 1
             return ck
         assert self.keyer is not None
-        self.keyer.insert(ctx, params, entry)
+        self.keyer.insert(args, entry)
         return ck
 
     def _check_globals(self) -> None:
@@ -607,6 +699,7 @@ class TritonKernel:
             "_jk_self": self,
             "_jk_fn": fn,
             "_jk_lookup": self.keyer.lookup,
+            "_jk_MISS": self.keyer.MISS,
             "_jk_miss": self._miss,
             "_jk_fallback": self._fallback,
             "_jk_check_globals": self._check_globals,
@@ -634,7 +727,7 @@ class TritonKernel:
         stages = (
             "    if _jk_rt.add_stages_inspection_hook is not None:\n"
             "        return _jk_fallback('knobs.runtime.add_stages_inspection_hook is set',\n"
-            "                            _jk_grid, _jk_p, _jk_opts)\n"
+            f"                            _jk_grid, {params_tuple}, _jk_opts)\n"
             if info.checks_stages_hook
             else ""
         )
@@ -642,19 +735,18 @@ class TritonKernel:
         call_args = ", ".join(names)
         src = f"""
 def _jk_launch(_jk_grid, {", ".join([*arglist, "**_jk_opts"])}):
-    _jk_p = {params_tuple}
     if _jk_fn.pre_run_hooks:
-        return _jk_fallback('pre_run_hooks', _jk_grid, _jk_p, _jk_opts)
+        return _jk_fallback('pre_run_hooks', _jk_grid, {params_tuple}, _jk_opts)
 {stages}    _jk_dev = _jk_get_device()
-    _jk_ctx = (_jk_dev, {knob_tuple}, tuple(_jk_sorted(_jk_opts.items())) if _jk_opts else ())
+    _jk_a = ((_jk_dev, {knob_tuple}, tuple(_jk_sorted(_jk_opts.items())) if _jk_opts else ()), {call_args})
     try:
-        _jk_e = _jk_lookup(_jk_ctx, _jk_p)
+        _jk_e = _jk_lookup(_jk_a)
     except _jk_Unkeyable as _jk_exc:
-        return _jk_fallback(_jk_exc.reason, _jk_grid, _jk_p, _jk_opts)
+        return _jk_fallback(_jk_exc.reason, _jk_grid, _jk_a[1:], _jk_opts)
     except _jk_JitKeyError as _jk_exc:
-        return _jk_fallback(type(_jk_exc).__name__, _jk_grid, _jk_p, _jk_opts)
-    if _jk_e is None:
-        return _jk_miss(_jk_ctx, _jk_grid, _jk_p, _jk_opts)
+        return _jk_fallback(f"{{type(_jk_exc).__name__}}: {{_jk_exc}}", _jk_grid, _jk_a[1:], _jk_opts)
+    if _jk_e is _jk_MISS:
+        return _jk_miss(_jk_a, _jk_grid, _jk_opts)
     _jk_ck, _jk_run, _jk_function, _jk_pm = _jk_e
     if _jk_fn.used_global_vals:
         _jk_check_globals()
