@@ -501,6 +501,8 @@ class TritonKernel:
         self._lock = threading.Lock()
         self._launch: Callable[..., Any] | None = None
         self.keyer: Keyer | None = None
+        # The list add_pre_run_hook appends to; checked per call (the launcher re-checks the attribute too).
+        self._pre_run_hooks: list[Any] | None = getattr(fn, "pre_run_hooks", None)
         self.fast_path_problem: str | None = self._check_static(fn)
         if self.fast_path_problem is None:
             self.keyer = (keyer or _default_keyer)(fn, _param_modes(fn))
@@ -533,7 +535,14 @@ class TritonKernel:
         launch = self._launch
         if launch is None:
             launch = self._make_launch()
-        return lambda *args, **kwargs: launch(grid, *args, **kwargs)
+        hooks = self._pre_run_hooks
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if hooks:  # Triton's own path, with the caller's exact args/kwargs for the hooks
+                return self._slow_entry(grid, args, kwargs, "pre_run_hooks")
+            return launch(grid, *args, **kwargs)
+
+        return call
 
     def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
         """``JITFunction.run``: ``warmup=False`` is a (fast-path) launch; ``warmup=True`` goes to Triton."""
