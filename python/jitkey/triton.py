@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from jitkey._core import LruCache, encode
-from jitkey.errors import GlobalsChangedError, JitKeyError
+from jitkey.errors import ArgumentError, GlobalsChangedError, JitKeyError
 
 __all__ = [
     "Keyer",
@@ -65,8 +65,12 @@ _MISSING = object()
 _PREFIX = "_jk_"  # prefix of every name the generated launcher defines; kernel params must not use it
 
 
-class Unkeyable(Exception):
-    """Raised by a keyer for a call its rules cannot key; the call goes through Triton's own path."""
+class Unkeyable(ArgumentError):
+    """A call the keyer's rules cannot key (a :class:`jitkey.errors.ArgumentError`, so a ``TypeError``).
+
+    Inside a launch it never reaches the caller: the call goes through Triton's own path instead and is
+    counted as a fallback with :attr:`reason`. :meth:`TritonKernel.key_of` raises it.
+    """
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -196,8 +200,13 @@ class Keyer(Protocol):
     """
 
     name: str
-    MISS: object
-    lookup: Callable[[tuple[Any, ...]], Any]
+
+    @property
+    def MISS(self) -> object:  # the sentinel ``lookup`` returns on a miss
+        ...
+
+    @property
+    def lookup(self) -> Callable[[tuple[Any, ...]], Any]: ...
 
     def insert(self, args: tuple[Any, ...], entry: Any) -> None: ...
     def key(self, args: tuple[Any, ...]) -> bytes: ...
@@ -390,10 +399,10 @@ class NativeKeyer:
 
     def __init__(self, jit_fn: Any, capacity: int = 4096) -> None:
         import jitkey
-        from jitkey import rules
+        from jitkey import rules  # type: ignore[attr-defined]  # issue #4
 
-        self.MISS = jitkey.MISS
-        self.sig = jitkey.Signature([("_jk_ctx", rules.any_()), *rules.triton(jit_fn)])
+        self.MISS = jitkey.MISS  # type: ignore[attr-defined]
+        self.sig = jitkey.Signature([("_jk_ctx", rules.any_()), *rules.triton(jit_fn)])  # type: ignore[attr-defined]
         self.cache = LruCache(capacity)
         self.lookup = functools.partial(self.sig.lookup, self.cache)
 
@@ -414,7 +423,7 @@ def native_available() -> bool:
     """Whether this jitkey build has the native ``Signature`` + ``rules.triton`` (issue #4)."""
     try:
         import jitkey
-        from jitkey import rules
+        from jitkey import rules  # type: ignore[attr-defined]  # issue #4
     except ImportError:
         return False
     return all(hasattr(jitkey, n) for n in ("Signature", "MISS")) and hasattr(rules, "triton")
@@ -443,11 +452,13 @@ def _native_tuples_exact() -> bool:
     ``(16, 1)`` and ``(17, 1)`` alike where Triton compiles two kernels.
     """
     import jitkey
-    from jitkey import rules
+    from jitkey import rules  # type: ignore[attr-defined]  # issue #4
 
     try:
         for flags in ({"do_not_specialize": [0]}, {"do_not_specialize_on_alignment": [0]}):
-            sig = jitkey.Signature([("_jk_ctx", rules.any_()), *rules.triton(params=["a"], **flags)])
+            sig = jitkey.Signature(  # type: ignore[attr-defined]
+                [("_jk_ctx", rules.any_()), *rules.triton(params=["a"], **flags)]
+            )
             if sig.encode(((), (16, 1))) == sig.encode(((), (17, 1))):
                 return False
     except Exception:
