@@ -49,7 +49,7 @@ if ! "$PY" -c "import pytest, hypothesis" 2>/dev/null; then
   log "FAILED: pytest and hypothesis are needed (carry their wheels and install with --no-index)"; exit 2
 fi
 # pyproject's addopts name pytest-benchmark's --benchmark-disable; drop the addopts if the plugin is missing.
-PYTEST_OPTS=(-p no:cacheprovider -ra)
+PYTEST_OPTS=(-p no:cacheprovider -ra -W default)  # one-shot run: report warnings, do not fail on them
 "$PY" -c "import pytest_benchmark" 2>/dev/null || PYTEST_OPTS+=(-o addopts="--strict-markers")
 
 log "step 1/3: GPU tests (pytest -m cuda tests/test_triton_gpu.py)"

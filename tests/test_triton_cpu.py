@@ -186,7 +186,7 @@ def _keyable(kernel, name, calls):
 @pytest.mark.parametrize("keyer", list(KEYERS))
 @pytest.mark.parametrize("name", list(KERNELS))
 @settings(
-    max_examples=60,
+    max_examples=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
     phases=[Phase.explicit, Phase.reuse, Phase.generate],  # no shrinking: a failure prints its raw example
