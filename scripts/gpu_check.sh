@@ -45,6 +45,9 @@ print("missing python packages:", missing or "none")
 from jitkey.triton import _triton_info
 print("jitkey.triton fast path on this triton:", _triton_info().problem or "available")
 PYEOF
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  log "FAILED: torch sees no CUDA GPU here (every GPU test would only be skipped)"; status=1
+fi
 if ! "$PY" -c "import pytest, hypothesis" 2>/dev/null; then
   log "FAILED: pytest and hypothesis are needed (carry their wheels and install with --no-index)"; exit 2
 fi
