@@ -222,8 +222,10 @@ def test_key_finer_exhaustive_pairs(keyer, name):
             assert_finer(kernel, name, calls)
         return
     seen = assert_finer(kernel, name, calls)
-    # and jitkey is not much finer than Triton here: at most the distinctions Triton also makes
-    assert len(seen) >= len({tk for tk, _ in seen.values()})
+    if keyer == "python" and name != "ann":
+        # and no finer than needed: the Python keyer splits this grid exactly where Triton does (an
+        # annotated slot is finer on purpose: Triton's key there drops the argument's own type)
+        assert len(seen) == len({tk for tk, _ in seen.values()})
 
 
 def test_checker_catches_a_coarse_keyer():
