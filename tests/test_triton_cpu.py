@@ -347,6 +347,49 @@ def test_knob_changes_change_the_key(keyer):
     assert _jitkey_key(kernel, args, {}) == k0
 
 
+@pytest.mark.parametrize("keyer", list(KEYERS))
+def test_every_detected_knob_read_is_in_the_key(keyer):
+    """Each ``kwargs[...] = knobs.<section>.<attr>`` the installed JITFunction.run makes (3.9 adds
+    fpsan_homomorphic_casts) changes the key when its value changes."""
+    kernel = jt.bind(k_full, keyer=KEYERS[keyer])
+    x = torch.empty(64)
+    args = (x, x, 0, 0, 1.0, True, 64)
+    k0 = _jitkey_key(kernel, args, {})
+    reads = jt._triton_info().knob_reads
+    assert reads
+    for _name, section, attr in reads:
+        sec = getattr(knobs, section)
+        old = getattr(sec, attr)
+        new = (not old) if isinstance(old, bool) else f"{old}x"
+        try:
+            setattr(sec, attr, new)
+            assert _jitkey_key(kernel, args, {}) != k0, (section, attr)
+        finally:
+            setattr(sec, attr, old)
+        assert _jitkey_key(kernel, args, {}) == k0
+
+
+def test_stages_inspection_hook_falls_back(fake_runtime, fake_triton):
+    """Triton >= 3.7 adds a custom-pipeline hash to its key when this hook is set: jitkey steps aside."""
+    if not jt._triton_info().checks_stages_hook:
+        pytest.skip("this Triton has no add_stages_inspection_hook")
+    state = fake_triton(k_full, "full")
+    kernel = jt.bind(k_full)
+    x = torch.empty(64)
+    args = (x, x, 16, 5, 1.0, True, 64)
+    kernel[(1,)](*args)
+    old = knobs.runtime.add_stages_inspection_hook
+    try:
+        knobs.runtime.add_stages_inspection_hook = lambda: ("key", "hash")
+        with pytest.raises(jt.Unkeyable):
+            kernel.key_of(args, {}, device=0)
+        kernel[(1,)](*args)
+    finally:
+        knobs.runtime.add_stages_inspection_hook = old
+    assert len(state["calls"]) == 2
+    assert kernel.cache_stats()["fallback_reasons"] == {"knobs.runtime.add_stages_inspection_hook is set": 1}
+
+
 def test_unsupported_args_are_unkeyable():
     np = pytest.importorskip("numpy")
     kernel = jt.bind(k_full)
