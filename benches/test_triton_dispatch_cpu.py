@@ -1,0 +1,107 @@
+"""CPU benchmark of the jitkey Triton binding's host path (no GPU: the launcher is a recording no-op).
+
+Compares, in one run: Triton's own binder + ``compute_cache_key`` (the part of ``fn[grid]`` that runs without
+a driver), each available keyer's lookup, and the whole jitkey hit path up to the launcher call. Each case
+checks its result before it is timed. In CI this runs with ``--benchmark-disable`` (correctness only).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import make_backend  # noqa: E402
+from triton.runtime.jit import compute_cache_key, create_function_from_signature  # noqa: E402
+
+import jitkey.triton as jt  # noqa: E402
+
+
+@triton.jit
+def bench4_kernel(x, y, out, n, BLOCK: tl.constexpr):
+    pass
+
+
+@triton.jit
+def bench13_kernel(x, y, z, out, n, a, b, c, f0, f1, f2, f3, BLOCK: tl.constexpr):
+    pass
+
+
+_X = torch.empty(4096)
+CASES = {
+    "5 args": (bench4_kernel, (_X, _X, _X, 4096, 1024)),
+    "13 args": (bench13_kernel, (_X, _X, _X, _X, 4096, 3, 16, 7, 0.5, 1.5, -2.0, 0.25, 1024)),
+}
+KEYERS = {"python": jt.python_keyer}
+if jt.native_available():
+    KEYERS["native"] = jt.native_keyer
+
+
+class _Runtime:
+    @staticmethod
+    def get_device():
+        return 0
+
+    @staticmethod
+    def get_stream(dev):
+        return 0
+
+
+class _NoopCK:
+    function = 1
+    packed_metadata = (4, 1, 0)
+
+    def __init__(self):
+        self.launches = 0
+
+    def run(self, *args):
+        self.launches += 1
+
+    def _init_handles(self):
+        pass
+
+    def launch_metadata(self, *args):
+        return None
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_triton_binder_and_key(benchmark, case):
+    fn, args = CASES[case]
+    binder = create_function_from_signature(fn.signature, fn.params, make_backend(GPUTarget("cuda", 90, 32)))
+    kkc: dict = {}
+
+    def triton_key():
+        _, spec, options = binder(*args)
+        return compute_cache_key(kkc, spec, options)
+
+    assert triton_key() == triton_key() and "*fp32" in triton_key()
+    benchmark(triton_key)
+
+
+@pytest.mark.parametrize("keyer", list(KEYERS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_keyer_lookup(benchmark, case, keyer):
+    fn, args = CASES[case]
+    kernel = jt.bind(fn, keyer=KEYERS[keyer])
+    full = ((0, (None, False, ""), ()), *args)
+    entry = object()
+    kernel.keyer.insert(full, entry)
+    assert kernel.keyer.lookup(full) is entry
+    benchmark(kernel.keyer.lookup, full)
+
+
+@pytest.mark.parametrize("keyer", list(KEYERS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_jitkey_hit_path(benchmark, monkeypatch, case, keyer):
+    fn, args = CASES[case]
+    monkeypatch.setattr(jt, "_runtime", _Runtime())
+    ck = _NoopCK()
+    monkeypatch.setattr(fn, "run", lambda *a, grid, warmup, **kw: ck, raising=False)
+    kernel = jt.bind(fn, keyer=KEYERS[keyer])
+    assert kernel[(1,)](*args) is ck and ck.launches == 0  # the miss went to "Triton"
+    assert kernel[(1,)](*args) is ck and ck.launches == 1  # the hit launched directly
+    benchmark(lambda: kernel[(1,)](*args))
+    assert kernel.cache_stats()["fallbacks"] == 0

@@ -1,0 +1,235 @@
+"""GPU launch-overhead benchmark: Triton ``fn[grid]`` vs the jitkey binding vs ``CompiledKernel.run`` direct.
+
+``python benches/gpu_launch.py --json out.json`` (or ``from jitkey.triton_bench import main``). Needs an
+NVIDIA GPU, torch and triton. Cases: add-style kernels with 2, 8 and 16 pointer args (plus ``n`` and a
+constexpr ``BLOCK``: 4, 10 and 18 args) and a 13-arg mixed kernel (4 pointers, 4 ints, 4 floats, 1
+constexpr). Every implementation's output is checked against a torch reference before it is timed. Timing:
+``--batches`` batches of ``--launches`` back-to-back launches, ``torch.cuda.synchronize()`` between batches
+(outside the timed region); the figure is the median over batches of the host time per launch, in µs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+import jitkey
+import jitkey.triton as jt
+
+
+# fmt: off
+@triton.jit
+def add2_kernel(p0, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    acc = tl.load(p0 + offs, mask=mask)
+    tl.store(out + offs, acc, mask=mask)
+
+
+@triton.jit
+def add8_kernel(p0, p1, p2, p3, p4, p5, p6, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    acc = tl.load(p0 + offs, mask=mask)
+    acc += tl.load(p1 + offs, mask=mask)
+    acc += tl.load(p2 + offs, mask=mask)
+    acc += tl.load(p3 + offs, mask=mask)
+    acc += tl.load(p4 + offs, mask=mask)
+    acc += tl.load(p5 + offs, mask=mask)
+    acc += tl.load(p6 + offs, mask=mask)
+    tl.store(out + offs, acc, mask=mask)
+
+
+@triton.jit
+def add16_kernel(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, out, n,
+                 BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    acc = tl.load(p0 + offs, mask=mask)
+    acc += tl.load(p1 + offs, mask=mask)
+    acc += tl.load(p2 + offs, mask=mask)
+    acc += tl.load(p3 + offs, mask=mask)
+    acc += tl.load(p4 + offs, mask=mask)
+    acc += tl.load(p5 + offs, mask=mask)
+    acc += tl.load(p6 + offs, mask=mask)
+    acc += tl.load(p7 + offs, mask=mask)
+    acc += tl.load(p8 + offs, mask=mask)
+    acc += tl.load(p9 + offs, mask=mask)
+    acc += tl.load(p10 + offs, mask=mask)
+    acc += tl.load(p11 + offs, mask=mask)
+    acc += tl.load(p12 + offs, mask=mask)
+    acc += tl.load(p13 + offs, mask=mask)
+    acc += tl.load(p14 + offs, mask=mask)
+    tl.store(out + offs, acc, mask=mask)
+
+
+@triton.jit
+def mixed13_kernel(x, y, z, out, n, a, b, c, f0, f1, f2, f3, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    acc = tl.load(x + offs, mask=mask) * f0 + tl.load(y + offs, mask=mask) * f1
+    acc += tl.load(z + offs, mask=mask) * f2 + f3 + (a + b + c)
+    tl.store(out + offs, acc, mask=mask)
+# fmt: on
+
+N = 4096
+BLOCK = 1024
+GRID = (triton.cdiv(N, BLOCK),)
+
+
+def _case_add(nptr: int, kernel: Any) -> tuple[str, Any, tuple[Any, ...], torch.Tensor, torch.Tensor]:
+    ins = [torch.randn(N, device="cuda") for _ in range(nptr - 1)]
+    out = torch.empty(N, device="cuda")
+    ref = torch.stack(ins).sum(0) if len(ins) > 1 else ins[0].clone()
+    return f"add, {nptr} ptr ({nptr + 2} args)", kernel, (*ins, out, N, BLOCK), out, ref
+
+
+def _case_mixed() -> tuple[str, Any, tuple[Any, ...], torch.Tensor, torch.Tensor]:
+    x, y, z = (torch.randn(N, device="cuda") for _ in range(3))
+    out = torch.empty(N, device="cuda")
+    a, b, c = 3, 16, 7
+    f0, f1, f2, f3 = 0.5, 1.5, -2.0, 0.25
+    ref = x * f0 + y * f1 + z * f2 + f3 + (a + b + c)
+    return (
+        "mixed (4 ptr, 4 int, 4 float, 1 constexpr)",
+        mixed13_kernel,
+        (x, y, z, out, N, a, b, c, f0, f1, f2, f3, BLOCK),
+        out,
+        ref,
+    )
+
+
+def _time(fn: Callable[[], Any], batches: int, launches: int) -> float:
+    for _ in range(3):  # warm the path (and the allocator, caches)
+        fn()
+    torch.cuda.synchronize()
+    per_launch = []
+    perf = time.perf_counter
+    for _ in range(batches):
+        torch.cuda.synchronize()
+        t0 = perf()
+        for _ in range(launches):
+            fn()
+        t1 = perf()
+        per_launch.append((t1 - t0) / launches)
+    torch.cuda.synchronize()
+    return statistics.median(per_launch) * 1e6
+
+
+def _check(name: str, run: Callable[[], Any], out: torch.Tensor, ref: torch.Tensor) -> None:
+    out.fill_(float("nan"))
+    run()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def run_bench(batches: int = 100, launches: int = 200) -> dict[str, Any]:
+    """Run every case; returns the results (also what ``--json`` writes)."""
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_launch: needs a CUDA GPU")
+    dev = torch.cuda.current_device()
+    get_stream = torch._C._cuda_getCurrentRawStream
+    cases = [_case_add(2, add2_kernel), _case_add(8, add8_kernel), _case_add(16, add16_kernel), _case_mixed()]
+    results = []
+    for label, kernel, args, out, ref in cases:
+        jk = jt.bind(kernel)
+        ck = kernel[GRID](*args)  # compile (Triton's own path) and get the CompiledKernel
+        run, function, pm = ck.run, ck.function, ck.packed_metadata
+        g0 = GRID[0]
+        x0, y0 = args[0], args[1]
+        impls: dict[str, Callable[[], Any]] = {
+            "triton fn[grid]": lambda kernel=kernel, args=args: kernel[GRID](*args),
+            "jitkey": lambda jk=jk, args=args: jk[GRID](*args),
+            "CompiledKernel.run": lambda run=run, function=function, pm=pm, args=args, g0=g0: run(
+                g0, 1, 1, get_stream(dev), function, pm, None, None, None, *args
+            ),
+        }
+        if jk.cache_stats()["keyer"] != "python":  # also time the pure-Python keyer for comparison
+            jk_py = jt.bind(kernel, keyer=jt.python_keyer)
+            impls["jitkey (python keyer)"] = lambda jk_py=jk_py, args=args: jk_py[GRID](*args)
+        row: dict[str, Any] = {"case": label, "args": len(args)}
+        for name, fn in impls.items():
+            _check(f"{label} / {name}", fn, out, ref)
+        stats0 = jk.cache_stats()
+        for name, fn in impls.items():
+            row[name] = _time(fn, batches, launches)
+        stats = jk.cache_stats()
+        # the jitkey figure must be the fast path: only hits while timing, no fallback at all
+        assert stats["fallbacks"] == 0, stats
+        assert stats["misses"] == stats0["misses"] and stats["hits"] > stats0["hits"], (stats0, stats)
+        tmp = torch.empty_like(x0)
+        _check(f"{label} / torch.add", lambda x0=x0, y0=y0, tmp=tmp: torch.add(x0, y0, out=tmp), tmp, x0 + y0)
+        row["torch.add"] = _time(lambda x0=x0, y0=y0, tmp=tmp: torch.add(x0, y0, out=tmp), batches, launches)
+        row["speedup vs fn[grid]"] = row["triton fn[grid]"] / row["jitkey"]
+        row["jitkey / CompiledKernel.run"] = row["jitkey"] / row["CompiledKernel.run"]
+        row["jitkey stats"] = stats
+        results.append(row)
+    return {
+        "device": torch.cuda.get_device_name(dev),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "jitkey": jitkey.__version__,
+        "keyer": results[0]["jitkey stats"]["keyer"],
+        "method": f"median over {batches} batches of {launches} back-to-back launches, synchronize between "
+        "batches (not timed); host µs per launch",
+        "results": results,
+    }
+
+
+def _print_table(res: dict[str, Any]) -> None:
+    print(
+        f"{res['device']} · Python {res['python']} · torch {res['torch']} · triton {res['triton']} · "
+        f"jitkey {res['jitkey']} (keyer: {res['keyer']})"
+    )
+    print(res["method"])
+    cols = ["triton fn[grid]", "jitkey", "CompiledKernel.run", "torch.add"]
+    if "jitkey (python keyer)" in res["results"][0]:
+        cols.insert(2, "jitkey (python keyer)")
+    print(
+        f"{'case':<44}" + "".join(f"{c:>20}" for c in cols) + f"{'fn[grid]/jitkey':>17}{'jitkey/ck.run':>15}"
+    )
+    for r in res["results"]:
+        print(
+            f"{r['case']:<44}"
+            + "".join(f"{r[c]:>20.2f}" for c in cols)
+            + f"{r['speedup vs fn[grid]']:>16.2f}x{r['jitkey / CompiledKernel.run']:>14.2f}x"
+        )
+    goals = {
+        "≥2.0x vs fn[grid] at 4 args": res["results"][0]["speedup vs fn[grid]"] >= 2.0,
+        "≥2.5x vs fn[grid] at 18 args (16 ptr)": res["results"][2]["speedup vs fn[grid]"] >= 2.5,
+        "≤1.15x of CompiledKernel.run (all cases)": all(
+            r["jitkey / CompiledKernel.run"] <= 1.15 for r in res["results"]
+        ),
+    }
+    res["goals"] = goals
+    for g, ok in goals.items():
+        print(f"goal {g}: {'met' if ok else 'NOT met'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpu_launch", description=__doc__)
+    parser.add_argument("--json", help="write the results to this file")
+    parser.add_argument("--batches", type=int, default=100)
+    parser.add_argument("--launches", type=int, default=200)
+    args = parser.parse_args(argv)
+    res = run_bench(args.batches, args.launches)
+    _print_table(res)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,346 @@
+"""GPU tests of jitkey.triton (every test is marked ``cuda`` and skipped without a CUDA GPU).
+
+Each compares the jitkey launch with plain Triton on the same JITFunction: numerical results, the kernels
+chosen (the entries in Triton's own kernel cache ``jit_fn.device_caches[dev][0]``), streams, CUDA graphs and
+the globals check.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+
+import triton.language as tl  # noqa: E402
+from triton import knobs  # noqa: E402
+
+import jitkey.triton as jt  # noqa: E402
+from jitkey.errors import GlobalsChangedError  # noqa: E402
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+GLOBAL_ADD = tl.constexpr(1)
+
+
+@triton.jit
+def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def add_kernel_align(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def copy2d_kernel(src, dst, M, N, s_m, s_n, d_m, d_n, BM: tl.constexpr, BN: tl.constexpr):
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)[:, None]
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)[None, :]
+    mask = (rm < M) & (rn < N)
+    tl.store(dst + rm * d_m + rn * d_n, tl.load(src + rm * s_m + rn * s_n, mask=mask), mask=mask)
+
+
+@triton.jit
+def row_sum_kernel(x, out, N, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, N, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        acc += tl.load(x + row * stride + offs, mask=offs < N, other=0.0)
+    tl.store(out + row, tl.sum(acc, axis=0))
+
+
+@triton.jit(do_not_specialize=["n", "k"])
+def axpb_kernel(x, out, n, k, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=mask) * 2 + k, mask=mask)
+
+
+@triton.jit
+def int_arg_kernel(x, out, n, v, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=mask) + v, mask=mask)
+
+
+@triton.jit
+def global_kernel(x, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=mask) + GLOBAL_ADD, mask=mask)
+
+
+def _triton_cache(fn):
+    return fn.device_caches[torch.cuda.current_device()][0]
+
+
+def _grid1(n, block):
+    return (triton.cdiv(n, block),)
+
+
+def test_vector_add_matches_triton():
+    kernel = jt.bind(add_kernel)
+    for i, n in enumerate((1000, 4096, 4096, 1000, 77)):
+        x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+        ours, theirs = torch.empty_like(x), torch.empty_like(x)
+        kernel[_grid1(n, 256)](x, y, ours, n, BLOCK=256)
+        add_kernel[_grid1(n, 256)](x, y, theirs, n, BLOCK=256)
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+        torch.testing.assert_close(ours, x + y)
+        assert kernel.cache_stats()["fallbacks"] == 0, i
+    stats = kernel.cache_stats()
+    assert stats["hits"] >= 2 and stats["misses"] >= 1
+
+
+def test_callable_grid_gets_meta():
+    kernel = jt.bind(add_kernel)
+    n = 3000
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.empty_like(x)
+    seen = []
+
+    def grid(meta):
+        seen.append(sorted(meta))
+        return (triton.cdiv(meta["n"], meta["BLOCK"]),)
+
+    for _ in range(3):
+        out.zero_()
+        kernel[grid](x, y, out, n, BLOCK=512)
+        torch.testing.assert_close(out, x + y)
+    assert seen[-1] == sorted(["x_ptr", "y_ptr", "out_ptr", "n", "BLOCK"])
+
+
+def test_strided_copy_2d_matches_triton():
+    kernel = jt.bind(copy2d_kernel)
+    for shape, transpose in (((300, 200), False), ((300, 200), True), ((64, 48), True), ((300, 200), False)):
+        src = torch.randn(*shape, device="cuda")
+        src = src.t() if transpose else src
+        m, n = src.shape
+        ours = torch.empty(m, n, device="cuda")
+        theirs = torch.empty(m, n, device="cuda")
+        grid = (triton.cdiv(m, 32), triton.cdiv(n, 32))
+        args = (m, n, src.stride(0), src.stride(1), ours.stride(0), ours.stride(1))
+        kernel[grid](src, ours, *args, BM=32, BN=32)
+        copy2d_kernel[grid](src, theirs, *args, BM=32, BN=32)
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+        torch.testing.assert_close(ours, src)
+    assert kernel.cache_stats()["fallbacks"] == 0
+
+
+def test_reduction_with_constexpr_block():
+    kernel = jt.bind(row_sum_kernel)
+    x = torch.randn(64, 1000, device="cuda")
+    for block in (128, 256, 128, 1024, 256):
+        ours = torch.empty(64, device="cuda")
+        theirs = torch.empty(64, device="cuda")
+        kernel[(64,)](x, ours, 1000, x.stride(0), BLOCK=block)
+        row_sum_kernel[(64,)](x, theirs, 1000, x.stride(0), BLOCK=block)
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+        torch.testing.assert_close(ours, x.sum(1), rtol=1e-4, atol=1e-3)
+    stats = kernel.cache_stats()
+    assert stats["entries"] == 3 and stats["hits"] == 2 and stats["fallbacks"] == 0
+
+
+def test_do_not_specialize():
+    kernel = jt.bind(axpb_kernel)
+    x = torch.randn(2048, device="cuda")
+    for n, k in ((2048, 1), (2048, 16), (1000, 17), (16, 3)):
+        ours = torch.zeros_like(x)
+        theirs = torch.zeros_like(x)
+        kernel[_grid1(n, 256)](x, ours, n, k, BLOCK=256)
+        axpb_kernel[_grid1(n, 256)](x, theirs, n, k, BLOCK=256)
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    assert len(_triton_cache(axpb_kernel)) == 1
+    stats = kernel.cache_stats()
+    assert stats["entries"] == 1 and stats["misses"] == 1 and stats["hits"] == 3
+
+
+def test_misaligned_view_gets_its_own_kernel():
+    kernel = jt.bind(add_kernel_align)
+    n = 4096
+    x, y = torch.randn(n + 1, device="cuda"), torch.randn(n + 1, device="cuda")
+    out = torch.empty(n + 1, device="cuda")
+    ck_aligned = kernel[_grid1(n, 256)](x, y, out, n, BLOCK=256)
+    torch.testing.assert_close(out[:n], x[:n] + y[:n])
+    ck_mis = kernel[_grid1(n, 256)](x[1:], y[1:], out[1:], n, BLOCK=256)
+    torch.testing.assert_close(out[1:], x[1:] + y[1:])
+    assert ck_mis is not ck_aligned
+    assert len(_triton_cache(add_kernel_align)) == 2
+    assert kernel.cache_stats()["entries"] == 2
+    # and the hits go to the matching kernel
+    assert kernel[_grid1(n, 256)](x[1:], y[1:], out[1:], n, BLOCK=256) is ck_mis
+    assert kernel[_grid1(n, 256)](x, y, out, n, BLOCK=256) is ck_aligned
+
+
+def test_int_and_bool_specializations_match_triton():
+    kernel = jt.bind(int_arg_kernel)
+    x = torch.arange(1024, device="cuda", dtype=torch.int64)
+    chosen = {}
+    for v in (1, 16, 17, 2**31, True, False, 1, 32, 33, 2**31 + 16, True):
+        out = torch.empty_like(x)
+        ck = kernel[(4,)](x, out, 1024, v, BLOCK=256)
+        torch.testing.assert_close(out, x + int(v))
+        chosen.setdefault(ck, set()).add(repr(v))
+    triton_entries = len(_triton_cache(int_arg_kernel))
+    assert triton_entries == 5  # 1 | 16,32 | 17,33 | 2**31(+16) | bools
+    assert len(chosen) == triton_entries  # the same kernels Triton picks, split exactly where Triton splits
+    stats = kernel.cache_stats()
+    if stats["keyer"] == "python":
+        assert stats["entries"] == triton_entries
+    else:  # the native rules may key bools by value: finer (one more entry), never another kernel
+        assert triton_entries <= stats["entries"] <= triton_entries + 1
+    assert kernel.cache_stats()["fallbacks"] == 0
+
+
+def test_side_stream_context():
+    kernel = jt.bind(add_kernel)
+    n = 1 << 20
+    x = torch.zeros(n, device="cuda")
+    y = torch.ones(n, device="cuda")
+    out = torch.empty(n, device="cuda")
+    kernel[_grid1(n, 1024)](x, y, out, n, BLOCK=1024)  # warm: the next launches are hits
+    hits = kernel.cache_stats()["hits"]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(50_000_000)  # keeps s busy; a launch on another stream would run first
+        x.fill_(1.0)
+        kernel[_grid1(n, 1024)](x, y, out, n, BLOCK=1024)
+    torch.cuda.synchronize()
+    assert kernel.cache_stats()["hits"] == hits + 1
+    torch.testing.assert_close(out, torch.full_like(out, 2.0))
+
+
+def test_cuda_graph_capture():
+    kernel = jt.bind(add_kernel)
+    n = 4096
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.empty(n, device="cuda")
+    kernel[_grid1(n, 256)](x, y, out, n, BLOCK=256)  # compile outside the capture
+    torch.cuda.synchronize()
+    hits = kernel.cache_stats()["hits"]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        kernel[_grid1(n, 256)](x, y, out, n, BLOCK=256)
+    assert kernel.cache_stats()["hits"] == hits + 1
+    for _ in range(2):
+        x.copy_(torch.randn(n, device="cuda"))
+        out.zero_()
+        g.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, x + y)
+
+
+def test_launch_hooks_see_launches():
+    kernel = jt.bind(add_kernel)
+    n = 1024
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.empty(n, device="cuda")
+    kernel[_grid1(n, 256)](x, y, out, n, BLOCK=256)
+    seen = []
+
+    def hook(lazy):
+        seen.append(lazy.get()["name"])
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        kernel[_grid1(n, 256)](x, y, out, n, BLOCK=256)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    kernel[_grid1(n, 256)](x, y, out, n, BLOCK=256)
+    assert seen == ["add_kernel"]
+
+
+def test_globals_changed_since_compile_raise():
+    global GLOBAL_ADD
+    kernel = jt.bind(global_kernel)
+    x = torch.randn(1024, device="cuda")
+    out = torch.empty_like(x)
+    kernel[(4,)](x, out, 1024, BLOCK=256)
+    kernel[(4,)](x, out, 1024, BLOCK=256)
+    torch.testing.assert_close(out, x + 1)
+    old = GLOBAL_ADD
+    try:
+        GLOBAL_ADD = tl.constexpr(2)
+        with pytest.raises(RuntimeError, match="GLOBAL_ADD"):
+            global_kernel[(4,)](x, out, 1024, BLOCK=256)  # Triton raises ...
+        with pytest.raises(GlobalsChangedError, match="GLOBAL_ADD"):
+            kernel[(4,)](x, out, 1024, BLOCK=256)  # ... and so does the jitkey hit path
+    finally:
+        GLOBAL_ADD = old
+    kernel[(4,)](x, out, 1024, BLOCK=256)
+    torch.testing.assert_close(out, x + 1)
+
+
+def test_pre_run_hook_falls_back_and_runs():
+    kernel = jt.bind(add_kernel)
+    n = 1024
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.empty(n, device="cuda")
+    calls = []
+    add_kernel.add_pre_run_hook(lambda *a, **k: calls.append(len(a)))
+    try:
+        kernel[_grid1(n, 256)](x, y, out, n, BLOCK=256)
+    finally:
+        add_kernel.pre_run_hooks.clear()
+    assert calls == [4]
+    torch.testing.assert_close(out, x + y)
+    assert kernel.cache_stats()["fallback_reasons"] == {"pre_run_hooks": 1}
+
+
+def test_autotune_over_jitkey_kernel():
+    @triton.autotune(configs=[triton.Config({"BLOCK": 128}), triton.Config({"BLOCK": 256})], key=["n"])
+    @jt.jit
+    def at_add(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(
+            out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask
+        )
+
+    n = 5000
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    for _ in range(3):
+        out = torch.empty_like(x)
+        at_add[lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)](x, y, out, n)
+        torch.testing.assert_close(out, x + y)
+    stats = at_add.fn.cache_stats()
+    assert stats["fallbacks"] == 0 and stats["hits"] >= 2
+
+
+def test_bound_autotuner_falls_back():
+    @triton.autotune(configs=[triton.Config({"BLOCK": 128})], key=["n"])
+    @triton.jit
+    def at_add2(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(
+            out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask
+        )
+
+    kernel = jt.bind(at_add2)
+    n = 1000
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.empty_like(x)
+    kernel[lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)](x, y, out, n)
+    torch.testing.assert_close(out, x + y)
+    assert kernel.cache_stats()["fallbacks"] == 1
+
+
+def test_cpu_tensor_rejected_like_triton():
+    kernel = jt.bind(add_kernel)
+    n = 256
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.empty(n, device="cuda")
+    kernel[(1,)](x, y, out, n, BLOCK=256)
+    with pytest.raises(ValueError, match="cpu tensor"):
+        kernel[(1,)](x.cpu(), y, out, n, BLOCK=256)  # a hit: Triton's launcher checks the pointer
