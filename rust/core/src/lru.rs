@@ -404,6 +404,12 @@ impl<V> Cache<V> {
         out
     }
 
+    /// Like [`Cache::get_with`] but without touching recency or counters. Takes no lock.
+    pub fn peek_with<R>(&self, hash: u64, key: &[u8], f: impl FnOnce(&V) -> R) -> Option<R> {
+        let guard = self.collector.enter();
+        Self::find(&guard, self.shard(hash), hash, key).map(|e| f(&e.value))
+    }
+
     /// Whether `key` is present, without touching recency or counters. Takes no lock.
     pub fn contains(&self, hash: u64, key: &[u8]) -> bool {
         let guard = self.collector.enter();
