@@ -255,19 +255,11 @@ impl PyLruCache {
         key: &Bound<'py, PyAny>,
         factory: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        // Hit path: no allocation; a miss copies the encoding out of the thread-local buffer
-        // (the factory may encode other keys).
-        let found = with_encoding(key, "key", |enc| {
-            let hash = fast_hash_state().hash(enc);
-            match self.get_encoded(py, hash, enc) {
-                Some(v) => Ok(v),
-                None => Err((hash, Box::<[u8]>::from(enc))),
-            }
-        })?;
-        match found {
-            Ok(v) => Ok(v),
-            Err((hash, enc)) => self.get_or_insert_encoded(py, hash, &enc, |_| factory.call0()),
-        }
+        // The factory runs inside `with_encoding`: the encoding stays borrowed from this
+        // thread's buffer, and any key the factory encodes gets a fresh buffer.
+        with_encoding(key, "key", |enc| {
+            self.get_or_insert_encoded(py, fast_hash_state().hash(enc), enc, |_| factory.call0())
+        })?
     }
 
     fn clear(&self) {
