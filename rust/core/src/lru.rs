@@ -12,7 +12,8 @@
 //!   acquire loads, compares the stored 64-bit hash and then the *full key bytes* (a hash
 //!   collision costs one more probe, never a wrong value), sets the entry's `visited` bit only
 //!   if it is clear (a hot entry's cache line is read, not written), and bumps a hit counter in
-//!   a per-thread stripe. Two threads hitting one hot key therefore share no written cache line.
+//!   a stripe that the thread owns (a plain store, no locked instruction). Two threads hitting one
+//!   hot key therefore share no written cache line.
 //! * **Writes** (insert, replace, remove, clear: one per compile) lock one shard, never call
 //!   back into user code while holding it, and publish with release stores. Removed slots
 //!   become tombstones; when tombstones plus live entries pass 3/4 of the table, the shard
@@ -54,7 +55,6 @@
 //! every insert anyway. The table here is small (fixed layout, writers serialised per shard), and
 //! the subtle part, safe memory reclamation, is delegated to `seize`.
 
-use std::cell::Cell;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -84,8 +84,8 @@ pub const MAX_SHARDS: usize = 64;
 const MIN_PER_SHARD: usize = 256;
 /// Smallest table a shard allocates.
 const MIN_SLOTS: usize = 8;
-/// Stripes of the hit/miss counters (threads map onto them round-robin).
-const STRIPES: usize = 16;
+/// Hit/miss counter stripes, each owned by one thread at a time (plus one shared overflow).
+const STRIPES: usize = 64;
 const NIL: u32 = u32::MAX;
 
 struct Entry<V> {
@@ -237,29 +237,60 @@ impl<V> Shard<V> {
     }
 }
 
-#[repr(align(128))]
+#[repr(align(64))]
 #[derive(Default)]
 struct Stripe {
     hits: AtomicU64,
     misses: AtomicU64,
 }
 
-/// Round-robin stripe of the current thread, so two threads never count into one cache line.
+impl Stripe {
+    /// Adds one. A claimed stripe has a single writer thread, so a plain load + store is exact
+    /// (and avoids a locked read-modify-write on every hit); the overflow stripe is shared.
+    #[inline]
+    fn bump(counter: &AtomicU64, exclusive: bool) {
+        if exclusive {
+            counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        } else {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Stripe slots claimed by live threads, process-wide (the same index serves every cache).
+static CLAIMED: [AtomicBool; STRIPES] = [const { AtomicBool::new(false) }; STRIPES];
+
+/// A thread's claim on one counter stripe, released when the thread exits.
+struct StripeClaim(usize);
+
+impl StripeClaim {
+    fn new() -> Self {
+        for (i, slot) in CLAIMED.iter().enumerate() {
+            if !slot.load(Ordering::Relaxed) && !slot.swap(true, Ordering::Acquire) {
+                return Self(i);
+            }
+        }
+        Self(STRIPES)
+    }
+}
+
+impl Drop for StripeClaim {
+    fn drop(&mut self) {
+        if let Some(slot) = CLAIMED.get(self.0) {
+            // Release: this thread's counts happen-before the next owner's.
+            slot.store(false, Ordering::Release);
+        }
+    }
+}
+
+/// The current thread's stripe: its own (exclusive) while fewer than `STRIPES` threads use
+/// caches, else the shared overflow stripe `STRIPES`.
 #[inline]
 fn stripe_index() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
+        static STRIPE: StripeClaim = StripeClaim::new();
     }
-    STRIPE.with(|s| {
-        let v = s.get();
-        if v != usize::MAX {
-            return v;
-        }
-        let v = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
-        s.set(v);
-        v
-    })
+    STRIPE.try_with(|s| s.0).unwrap_or(STRIPES)
 }
 
 /// What one write unlinked, retired through seize as a single object.
@@ -346,7 +377,7 @@ impl<V> Cache<V> {
             shards,
             shard_mask: n - 1,
             capacity,
-            stripes: (0..STRIPES).map(|_| Stripe::default()).collect(),
+            stripes: (0..=STRIPES).map(|_| Stripe::default()).collect(),
             collector: Collector::new().batch_size(1),
             graveyard: Box::new(AtomicPtr::new(ptr::null_mut())),
         }
@@ -395,12 +426,9 @@ impl<V> Cache<V> {
             f(&e.value)
         });
         drop(guard);
-        let stripe = &self.stripes[stripe_index()];
-        if out.is_some() {
-            stripe.hits.fetch_add(1, Ordering::Relaxed);
-        } else {
-            stripe.misses.fetch_add(1, Ordering::Relaxed);
-        }
+        let i = stripe_index();
+        let stripe = &self.stripes[i];
+        Stripe::bump(if out.is_some() { &stripe.hits } else { &stripe.misses }, i < STRIPES);
         out
     }
 
