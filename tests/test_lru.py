@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import sys
 import threading
@@ -301,7 +302,7 @@ def _stress(n_threads: int, ops: int, capacity: int, key_space: int) -> None:
                 elif r == 3:
                     c.pop(k, None)
                 elif r == 4:
-                    got = c.get_or_insert(k, lambda k=k: (k, tid, -1))
+                    got = c.get_or_insert(k, functools.partial(tuple, (k, tid, -1)))
                     assert got[0] == k
                 else:
                     got = c.get(k)
