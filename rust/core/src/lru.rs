@@ -237,7 +237,8 @@ impl<V> Shard<V> {
     }
 }
 
-#[repr(align(64))]
+/// 128 bytes: on x86 the adjacent-line prefetcher pairs 64-byte lines (as crossbeam's CachePadded).
+#[repr(align(128))]
 #[derive(Default)]
 struct Stripe {
     hits: AtomicU64,
