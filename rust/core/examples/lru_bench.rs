@@ -4,7 +4,7 @@
 //!
 //! Run: `cargo run --release -p jitkey-core --example lru_bench` (`-- --quick` for a short run).
 //! Keys are real key encodings of Triton-style tuples (`("*fp16", "D")`, ints, `("constexpr", 1024)`).
-//! Each figure is the best of 30 rounds (a round counts its slower thread, and only rounds in which
+//! Each figure is the best of 100 short rounds (a round counts its slower thread, and only rounds in which
 //! every thread was on a CPU for 90% of the time); every round first checks each lookup's value.
 #![allow(clippy::print_stdout)]
 
@@ -54,6 +54,15 @@ impl Lookup for Hashing<'_> {
 
 type Map = HashMap<Box<[u8]>, u64, foldhash::fast::RandomState>;
 
+/// Control: a read-only map shared without any synchronisation (no writes at all), so a 2-thread
+/// slowdown in this row is the machine (shared core resources, frequency), not contention.
+impl Lookup for Map {
+    #[inline]
+    fn lookup(&self, _: u64, key: &[u8]) -> Option<u64> {
+        self.get(key).copied()
+    }
+}
+
 impl Lookup for Mutex<Map> {
     #[inline]
     fn lookup(&self, _: u64, key: &[u8]) -> Option<u64> {
@@ -68,11 +77,8 @@ impl Lookup for RwLock<Map> {
     }
 }
 
-/// Best parallel ns per lookup (if any round ran in parallel) and the number of such rounds.
-type Timing = (Option<f64>, usize);
-
 /// Rounds per figure (the best is kept: on a shared machine, the quietest round is the truest).
-const ROUNDS: usize = 30;
+const ROUNDS: usize = 100;
 
 /// CPU time of the calling thread, in ns (excludes time the thread was descheduled).
 fn thread_cpu_ns() -> f64 {
@@ -83,59 +89,70 @@ fn thread_cpu_ns() -> f64 {
     ts.tv_sec as f64 * 1e9 + ts.tv_nsec as f64
 }
 
-/// Wall ns per lookup per thread with `threads` threads each cycling over `hot` keys: the best
-/// round among those where the threads really ran in parallel (each on a CPU for 90% of its run,
-/// by thread CPU time, and the runs overlapping for 90% of the round), `None` if no round did;
-/// and how many rounds qualified. On a shared machine other rounds measure time-slicing.
-fn hit_ns<L: Lookup>(map: &L, keys: &[(u64, Vec<u8>)], hot: usize, threads: usize, iters: usize) -> Timing {
-    let mut best = (None::<f64>, 0);
-    for _ in 0..ROUNDS {
-        let barrier = Barrier::new(threads);
-        let times: Vec<(Instant, Instant, f64)> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..threads)
-                .map(|t| {
-                    let barrier = &barrier;
-                    s.spawn(move || {
-                        for (i, (h, k)) in keys[..hot].iter().enumerate() {
-                            assert_eq!(map.lookup(*h, k), Some(i as u64), "wrong value");
+/// One round: wall ns per lookup per thread with `threads` threads each cycling over `hot`
+/// keys, or `None` unless the threads really ran in parallel (each on a CPU for 90% of its run,
+/// by thread CPU time, and the runs overlapping for 90% of the round). On a shared machine the
+/// other rounds measure time-slicing, not contention. Checks every hot key's value first.
+fn round<L: Lookup>(
+    map: &L,
+    keys: &[(u64, Vec<u8>)],
+    hot: usize,
+    threads: usize,
+    iters: usize,
+) -> Option<f64> {
+    let barrier = Barrier::new(threads);
+    let times: Vec<(Instant, Instant, f64)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    for (i, (h, k)) in keys[..hot].iter().enumerate() {
+                        assert_eq!(map.lookup(*h, k), Some(i as u64), "wrong value");
+                    }
+                    barrier.wait();
+                    let start = Instant::now();
+                    let cpu = thread_cpu_ns();
+                    let mut acc = 0u64;
+                    let mut j = t % hot;
+                    for _ in 0..iters {
+                        let (h, k) = &keys[j];
+                        acc = acc.wrapping_add(map.lookup(*h, black_box(k)).unwrap_or(0));
+                        j += 1;
+                        if j == hot {
+                            j = 0;
                         }
-                        barrier.wait();
-                        let start = Instant::now();
-                        let cpu = thread_cpu_ns();
-                        let mut acc = 0u64;
-                        let mut j = t % hot;
-                        for _ in 0..iters {
-                            let (h, k) = &keys[j];
-                            acc = acc.wrapping_add(map.lookup(*h, black_box(k)).unwrap_or(0));
-                            j += 1;
-                            if j == hot {
-                                j = 0;
-                            }
-                        }
-                        black_box(acc);
-                        let cpu = thread_cpu_ns() - cpu;
-                        (start, Instant::now(), cpu)
-                    })
+                    }
+                    black_box(acc);
+                    let cpu = thread_cpu_ns() - cpu;
+                    (start, Instant::now(), cpu)
                 })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        // Parallel: every thread on a CPU for 90% of its run, and the runs overlapping for 90%
-        // of the span from the first start to the last end.
-        let first = times.iter().map(|t| t.0).min().expect("threads");
-        let last = times.iter().map(|t| t.1).max().expect("threads");
-        let latest_start = times.iter().map(|t| t.0).max().expect("threads");
-        let earliest_end = times.iter().map(|t| t.1).min().expect("threads");
-        let span = (last - first).as_nanos() as f64;
-        let overlap = earliest_end.saturating_duration_since(latest_start).as_nanos() as f64;
-        let on_cpu = times.iter().all(|&(a, b, cpu)| cpu >= 0.9 * (b - a).as_nanos() as f64);
-        // One thread: the fastest round is the least disturbed one; no filter needed.
-        if threads == 1 || (on_cpu && overlap >= 0.9 * span) {
-            let wall = times.iter().map(|t| (t.1 - t.0).as_nanos() as f64).fold(0.0, f64::max) / iters as f64;
-            best = (Some(best.0.map_or(wall, |b| b.min(wall))), best.1 + 1);
-        }
-    }
-    best
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let first = times.iter().map(|t| t.0).min()?;
+    let last = times.iter().map(|t| t.1).max()?;
+    let latest_start = times.iter().map(|t| t.0).max()?;
+    let earliest_end = times.iter().map(|t| t.1).min()?;
+    let span = (last - first).as_nanos() as f64;
+    let overlap = earliest_end.saturating_duration_since(latest_start).as_nanos() as f64;
+    let on_cpu = times.iter().all(|&(a, b, cpu)| cpu >= 0.9 * (b - a).as_nanos() as f64);
+    // One thread: the fastest round is the least disturbed one; no filter needed.
+    (threads == 1 || (on_cpu && overlap >= 0.9 * span))
+        .then(|| times.iter().map(|t| (t.1 - t.0).as_nanos() as f64).fold(0.0, f64::max) / iters as f64)
+}
+
+/// A row of the table: one implementation, timed by `round` for 1 or 2 threads.
+type Row<'a> = (&'static str, Box<dyn Fn(usize) -> Option<f64> + 'a>);
+
+fn row<'a, L: Lookup>(
+    name: &'static str,
+    map: &'a L,
+    keys: &'a [(u64, Vec<u8>)],
+    hot: usize,
+    iters: usize,
+) -> Row<'a> {
+    (name, Box::new(move |threads| round(map, keys, hot, threads, iters)))
 }
 
 fn zipf_trace(n_keys: usize, alpha: f64, len: usize, seed: u64) -> Vec<u32> {
@@ -203,7 +220,7 @@ fn sieve_misses(trace: &[u32], cap: usize, shards: usize) -> f64 {
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
-    let iters = if quick { 200_000 } else { 2_000_000 };
+    let iters = if quick { 100_000 } else { 300_000 };
     let s = FastHashState::new();
     let cap = 1024;
 
@@ -239,25 +256,39 @@ fn main() {
         };
         println!("\n{args}-argument key ({key_len} B encoding); fast hash alone: {hash_ns:.1} ns");
         println!(
-            "{:<42} {:>9} {:>9} {:>7} {:>12}",
+            "{:<52} {:>9} {:>9} {:>7} {:>14}",
             "hit: ns per lookup, per thread", "1 thread", "2 threads", "2t/1t", "rounds 1t/2t"
         );
         for (name, hot) in [("16 hot keys", 16usize), ("1 hot key (all threads)", 1)] {
             let hashing = Hashing(&cache, &s);
-            let rows: [(&str, [Timing; 2]); 4] = [
-                ("jitkey probe", [1, 2].map(|t| hit_ns(&cache, &keys, hot, t, iters))),
-                ("jitkey hash+probe", [1, 2].map(|t| hit_ns(&hashing, &keys, hot, t, iters))),
-                ("Mutex<HashMap>", [1, 2].map(|t| hit_ns(&mutex, &keys, hot, t, iters))),
-                ("RwLock<HashMap>", [1, 2].map(|t| hit_ns(&rwlock, &keys, hot, t, iters))),
+            let control = mutex.lock().unwrap().clone();
+            let rows: [Row<'_>; 5] = [
+                row("jitkey probe", &cache, &keys, hot, iters),
+                row("jitkey hash+probe", &hashing, &keys, hot, iters),
+                row("HashMap, no lock (control)", &control, &keys, hot, iters),
+                row("Mutex<HashMap>", &mutex, &keys, hot, iters),
+                row("RwLock<HashMap>", &rwlock, &keys, hot, iters),
             ];
-            for (impl_name, [(w1, n1), (w2, n2)]) in rows {
+            // Rounds interleave the implementations, so they share the machine's quiet moments.
+            let mut best = [[(None::<f64>, 0usize); 2]; 5];
+            for _ in 0..ROUNDS {
+                for (r, (_, time)) in rows.iter().enumerate() {
+                    for t in [1, 2] {
+                        if let Some(w) = time(t) {
+                            let b = &mut best[r][t - 1];
+                            *b = (Some(b.0.map_or(w, |x| x.min(w))), b.1 + 1);
+                        }
+                    }
+                }
+            }
+            for ((impl_name, _), [(w1, n1), (w2, n2)]) in rows.iter().zip(best) {
                 let show = |w: Option<f64>| w.map_or_else(|| "n/a".to_owned(), |w| format!("{w:.1}"));
                 let ratio = match (w1, w2) {
                     (Some(a), Some(b)) => format!("{:.2}x", b / a),
                     _ => "n/a".to_owned(),
                 };
                 println!(
-                    "{:<42} {:>9} {:>9} {ratio:>7} {:>12}",
+                    "{:<52} {:>9} {:>9} {ratio:>7} {:>14}",
                     format!("{impl_name}, {name}"),
                     show(w1),
                     show(w2),
