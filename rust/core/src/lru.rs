@@ -43,9 +43,13 @@
 //! returns the values, so the **caller** drops them, outside every lock of this cache. For a
 //! Python value that means decref'ing on a thread attached to the interpreter, so `__del__`
 //! runs at a well-defined point and may re-enter the cache. With no concurrent reader, a write
-//! returns the values it displaced itself; with readers active they come back from a later
-//! write (or [`Cache::take_displaced`], or when the cache is dropped). Drop of the cache drops
-//! everything still held, on the dropping thread.
+//! returns the values it displaced itself; with readers active, the batch reaches the graveyard
+//! when the last of them leaves, and the values come back from the next write or
+//! [`Cache::take_displaced`] ([`Cache::has_displaced`] is one load, cheap enough for a hit
+//! path). seize releases a batch to readers only if it has an object per active reader, so a
+//! write pads its batch with empty placeholders up to CPUs + 1 objects: with more readers inside
+//! a lookup at that very moment, release waits for this thread's next write. Dropping the cache
+//! drops everything still held, on the dropping thread.
 //!
 //! # Why not a crate
 //!
@@ -294,6 +298,13 @@ fn stripe_index() -> usize {
     STRIPE.try_with(|s| s.0).unwrap_or(STRIPES)
 }
 
+/// Objects retired per write (see `Cache::retire`): one more than the CPUs, so that a batch can
+/// be handed to every reader that is likely to be active at once.
+fn retire_batch() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from).min(256) + 1)
+}
+
 /// What one write unlinked, retired through seize as a single object.
 struct Retired<V> {
     entries: Vec<*mut Entry<V>>,
@@ -379,7 +390,7 @@ impl<V> Cache<V> {
             shard_mask: n - 1,
             capacity,
             stripes: (0..=STRIPES).map(|_| Stripe::default()).collect(),
-            collector: Collector::new().batch_size(1),
+            collector: Collector::new().batch_size(retire_batch()),
             graveyard: Box::new(AtomicPtr::new(ptr::null_mut())),
         }
     }
@@ -567,15 +578,25 @@ impl<V> Cache<V> {
         if entries.is_empty() && table.is_null() {
             return;
         }
-        let batch = Box::into_raw(Box::new(Retired {
-            entries,
-            table,
-            next: ptr::null_mut(),
-            graveyard: &*self.graveyard,
-        }));
-        // SAFETY: everything in `batch` is unreachable for threads that enter from now on
-        // (unlinked under the shard lock), and the batch is a `Box` as `to_graveyard` expects.
-        unsafe { self.collector.retire(batch, to_graveyard::<V>) };
+        // seize hands a batch to the readers active at retirement only if it holds at least one
+        // object per active reader; otherwise it keeps it in this thread's local batch until this
+        // thread retires more. So every write retires its batch plus empty placeholders up to
+        // the collector's batch size, and the batch is released as soon as its readers leave.
+        let graveyard: *const AtomicPtr<Retired<V>> = &*self.graveyard;
+        let mut first = Some((entries, table));
+        for _ in 0..retire_batch() {
+            let (entries, table) = first.take().unwrap_or((Vec::new(), ptr::null_mut()));
+            let batch = Box::into_raw(Box::new(Retired { entries, table, next: ptr::null_mut(), graveyard }));
+            // SAFETY: everything in `batch` is unreachable for threads that enter from now on
+            // (unlinked under the shard lock), and the batch is a `Box` as `to_graveyard` expects.
+            unsafe { self.collector.retire(batch, to_graveyard::<V>) };
+        }
+    }
+
+    /// Whether displaced values are waiting to be handed back (one relaxed load).
+    #[inline]
+    pub fn has_displaced(&self) -> bool {
+        !self.graveyard.load(Ordering::Relaxed).is_null()
     }
 
     /// Removes `key`; `f` sees its value (e.g. to clone a handle) before it is retired.

@@ -81,6 +81,8 @@ enum Role {
 
 impl PyLruCache {
     /// The value stored under an encoding (with its fast hash), as a new strong reference.
+    /// Also releases displaced values that concurrent readers were still holding back at their
+    /// write (free-threaded builds), so a hit-only phase does not keep evicted objects alive.
     #[inline]
     pub(crate) fn get_encoded<'py>(
         &self,
@@ -88,7 +90,16 @@ impl PyLruCache {
         hash: u64,
         key: &[u8],
     ) -> Option<Bound<'py, PyAny>> {
-        self.inner.get_with(hash, key, |v| v.bind(py).clone())
+        let out = self.inner.get_with(hash, key, |v| v.bind(py).clone());
+        if self.inner.has_displaced() {
+            self.release_displaced();
+        }
+        out
+    }
+
+    #[cold]
+    fn release_displaced(&self) {
+        drop(self.inner.take_displaced());
     }
 
     /// Stores `value` under an encoding. Displaced values are dropped here, after the cache's

@@ -344,3 +344,36 @@ fn stress(threads: u64, ops: u64, cap: usize, shards: usize) {
 fn multithreaded_soak() {
     stress(8, 500_000, 16, 2);
 }
+
+#[test]
+fn displaced_value_waits_for_a_concurrent_reader_then_comes_back_without_another_write() {
+    use std::sync::Barrier;
+    let s = FastHashState::new();
+    let c: Arc<Cache<u64>> = Arc::new(Cache::new(1, Some(1)));
+    let k0 = 0u64.to_le_bytes();
+    c.insert(s.hash(&k0), &k0, 0);
+    let inside = Arc::new(Barrier::new(2));
+    let release = Arc::new(Barrier::new(2));
+    let reader = {
+        let (c, s, inside, release) = (c.clone(), s.clone(), inside.clone(), release.clone());
+        std::thread::spawn(move || {
+            c.get_with(s.hash(&k0), &k0, |v| {
+                inside.wait();
+                // Still readable while the writer evicts it: the entry is only retired.
+                release.wait();
+                *v
+            })
+        })
+    };
+    inside.wait();
+    let k1 = 1u64.to_le_bytes();
+    // The reader may still be reading value 0, so it cannot be handed back yet.
+    assert!(c.insert(s.hash(&k1), &k1, 1).is_empty());
+    assert!(!c.contains(s.hash(&k0), &k0));
+    release.wait();
+    assert_eq!(reader.join().unwrap(), Some(0));
+    // The reader's exit released the batch: no further write needed.
+    assert!(c.has_displaced());
+    assert_eq!(c.take_displaced(), vec![0]);
+    assert!(!c.has_displaced());
+}
