@@ -66,9 +66,10 @@ class LruCache:
     def __new__(cls, capacity: int, *, shards: int | None = None) -> LruCache:
         """Create a cache holding at most ``capacity`` (>= 1) entries.
 
-        ``shards`` (>= 1) is rounded to a power of two and clamped to ``min(64, capacity)``; by
-        default it is the CPU count with at least 256 entries per shard. Hits never lock, so
-        shards only spread concurrent inserts.
+        ``shards`` (>= 1) is rounded up to a power of two, then down to at most
+        ``min(64, capacity)``; by default it is the CPU count rounded down to a power of two,
+        keeping at least 256 entries per shard. Hits never lock, so shards only spread
+        concurrent inserts.
 
         Raises:
             ValueError: ``capacity`` or ``shards`` is 0.

@@ -358,23 +358,25 @@ impl<V> Cache<V> {
     /// A cache holding at most `capacity` entries (`capacity >= 1`).
     ///
     /// `shards` is a hint, rounded up to a power of two and clamped to `1..=min(64, capacity)`.
-    /// By default it is the available parallelism (rounded up to a power of two), with at least
-    /// 256 entries per shard: hits never take a lock, so shards only spread *writers*.
+    /// By default it is the available parallelism rounded down to a power of two, but no more
+    /// than leaves 256 entries per shard: hits never take a lock, so shards only spread *writers*.
     ///
     /// # Panics
     /// If `capacity` is 0.
     #[must_use]
     pub fn new(capacity: usize, shards: Option<usize>) -> Self {
         assert!(capacity > 0, "capacity must be at least 1");
+        let limit = capacity.min(MAX_SHARDS);
         let n = match shards {
-            Some(s) => s.max(1),
+            Some(s) => s.clamp(1, MAX_SHARDS).next_power_of_two(),
             None => {
                 let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-                cpus.min(capacity / MIN_PER_SHARD).max(1)
+                let n = cpus.min(capacity / MIN_PER_SHARD).max(1);
+                1 << n.ilog2()
             }
         };
-        let n = n.min(capacity).min(MAX_SHARDS).next_power_of_two();
-        let n = if n > capacity.min(MAX_SHARDS) { n / 2 } else { n };
+        // Largest power of two <= limit, if `n` exceeds it.
+        let n = if n > limit { 1 << limit.ilog2() } else { n };
         let shards = (0..n)
             .map(|i| Shard {
                 table: AtomicPtr::new(Box::into_raw(Table::with_slots(MIN_SLOTS))),

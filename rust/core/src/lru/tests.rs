@@ -158,6 +158,11 @@ fn shard_counts() {
     assert_eq!(Cache::<()>::new(1000, Some(3)).shards(), 4);
     assert_eq!(Cache::<()>::new(1 << 20, Some(1000)).shards(), 64);
     assert_eq!(Cache::<()>::new(100, None).shards(), 1);
+    assert_eq!(Cache::<()>::new(usize::MAX, Some(usize::MAX)).shards(), 64);
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let default = Cache::<()>::new(1 << 30, None).shards();
+    assert!(default.is_power_of_two() && default <= cpus.max(1) && default <= 64);
+    assert!(Cache::<()>::new(768, None).shards() <= 2, "at least 256 entries per shard");
     // Capacity splits exactly across shards.
     let c: Cache<u64> = Cache::new(10, Some(4));
     let s = FastHashState::new();
