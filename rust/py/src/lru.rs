@@ -1,34 +1,188 @@
 //! `jitkey.LruCache`: the Python face of `jitkey_core::lru::Cache<Py<PyAny>>`.
 //!
-//! INTERFACE STUB (foundation commit): the crate-visible API below (`get_encoded`,
-//! `insert_encoded`) is what `Signature` builds on; issue #3 completes the Python API.
+//! * Keys are key trees (as for `jitkey.encode`): the thread-local encoder turns one into its
+//!   canonical bytes, the per-process seeded fast hash picks the slot, and the cache compares the
+//!   full bytes, so two keys never share an entry.
+//! * A hit (`get`, `[]`, the hit path of `get_or_insert`) takes no lock: the value is incref'd
+//!   while the core's epoch guard protects the entry.
+//! * Values displaced by a write (replaced, evicted, removed, cleared) come back from the core
+//!   once no reader can see them and are decref'd here, attached, after the shard lock was
+//!   released: a value's `__del__` may use the cache freely.
+//! * `get_or_insert` is single-flight: concurrent misses on one key wait (detached from the
+//!   interpreter) for the one thread running the factory.
+//!
+//! Free-threaded CPython: the class is frozen; the core's shard locks are never held while
+//! Python code runs or while waiting on the interpreter (critical sections are pure Rust), and
+//! every lock this module waits on is taken with `lock_py_attached` or inside `Python::detach`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::ThreadId;
 
 use jitkey_core::lru::Cache;
-use pyo3::exceptions::{PyKeyError, PyValueError};
+use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::pyclass::{PyTraverseError, PyVisit};
+use pyo3::sync::MutexExt;
+use pyo3::types::{PyDict, PyTuple};
 
 use crate::keys::{fast_hash_state, with_encoding};
+
+/// The outcome of one factory run, shared by the threads that waited for it.
+enum FlightState {
+    Pending,
+    Ready(Py<PyAny>),
+    Failed(PyErr),
+}
+
+/// One in-progress `get_or_insert` miss.
+struct Flight {
+    leader: ThreadId,
+    state: Mutex<FlightState>,
+    done: Condvar,
+}
 
 #[pyclass(name = "LruCache", module = "jitkey._core", frozen)]
 pub(crate) struct PyLruCache {
     inner: Cache<Py<PyAny>>,
+    /// Keys whose factory is running, by encoding. Locked only briefly, never around Python.
+    flights: Mutex<HashMap<Box<[u8]>, Arc<Flight>>>,
+}
+
+/// Completes a flight: publishes `outcome`, wakes the waiters and forgets the key. Runs from
+/// `Drop` too, so waiters are released even if the leader unwinds.
+struct FlightGuard<'a, 'py> {
+    py: Python<'py>,
+    cache: &'a PyLruCache,
+    key: &'a [u8],
+    flight: Arc<Flight>,
+    outcome: Option<FlightState>,
+}
+
+impl Drop for FlightGuard<'_, '_> {
+    fn drop(&mut self) {
+        let outcome = self.outcome.take().unwrap_or_else(|| {
+            FlightState::Failed(PyRuntimeError::new_err("get_or_insert: the factory call was abandoned"))
+        });
+        // Neither lock is held while Python runs, but another thread may hold one while it waits
+        // to re-attach: wait for them detached.
+        let py = self.py;
+        self.cache.flights.lock_py_attached(py).unwrap_or_else(PoisonError::into_inner).remove(self.key);
+        *self.flight.state.lock_py_attached(py).unwrap_or_else(PoisonError::into_inner) = outcome;
+        self.flight.done.notify_all();
+    }
+}
+
+enum Role {
+    Hit(Py<PyAny>),
+    Lead(Arc<Flight>),
+    Wait(Arc<Flight>),
 }
 
 impl PyLruCache {
     /// The value stored under an encoding (with its fast hash), as a new strong reference.
+    /// Also releases displaced values that concurrent readers were still holding back at their
+    /// write (free-threaded builds), so a hit-only phase does not keep evicted objects alive.
+    #[inline]
     pub(crate) fn get_encoded<'py>(
         &self,
         py: Python<'py>,
         hash: u64,
         key: &[u8],
     ) -> Option<Bound<'py, PyAny>> {
-        self.inner.get_with(hash, key, |v| v.bind(py).clone())
+        let out = self.inner.get_with(hash, key, |v| v.bind(py).clone());
+        if self.inner.has_displaced() {
+            self.release_displaced();
+        }
+        out
     }
 
-    /// Stores `value` under an encoding; displaced values are dropped after the cache's locks.
+    #[cold]
+    fn release_displaced(&self) {
+        drop(self.inner.take_displaced());
+    }
+
+    /// Stores `value` under an encoding. Displaced values are dropped here, after the cache's
+    /// locks were released; call it attached to the interpreter (as every pymethod is).
     pub(crate) fn insert_encoded(&self, hash: u64, key: &[u8], value: Py<PyAny>) {
         drop(self.inner.insert(hash, key, value));
+    }
+
+    /// The value under an encoding, or the result of `factory` stored under it. Single-flight:
+    /// concurrent callers missing on the same key wait (detached) for one factory run and share
+    /// its result or its exception; a failed run stores nothing.
+    ///
+    /// A factory that calls back into this for the *same* key on the same thread gets a
+    /// `RuntimeError` (waiting would never end). Two factories waiting on each other's keys from
+    /// two threads deadlock, as with any single-flight scheme; do not build such cycles.
+    pub(crate) fn get_or_insert_encoded<'py>(
+        &self,
+        py: Python<'py>,
+        hash: u64,
+        key: &[u8],
+        factory: impl FnOnce(Python<'py>) -> PyResult<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(v) = self.get_encoded(py, hash, key) {
+            return Ok(v);
+        }
+        let role = {
+            let mut flights = self.flights.lock_py_attached(py).unwrap_or_else(PoisonError::into_inner);
+            if let Some(f) = flights.get(key) {
+                Role::Wait(f.clone())
+            } else if let Some(v) = self.inner.peek_with(hash, key, |v| v.clone_ref(py)) {
+                // Another thread finished the flight between our miss and taking the lock.
+                Role::Hit(v)
+            } else {
+                let f = Arc::new(Flight {
+                    leader: std::thread::current().id(),
+                    state: Mutex::new(FlightState::Pending),
+                    done: Condvar::new(),
+                });
+                flights.insert(key.into(), f.clone());
+                Role::Lead(f)
+            }
+        };
+        match role {
+            Role::Hit(v) => Ok(v.into_bound(py)),
+            Role::Lead(flight) => {
+                let mut guard = FlightGuard { py, cache: self, key, flight, outcome: None };
+                match factory(py) {
+                    Ok(v) => {
+                        // Store before the flight ends, so a late caller finds it in the cache.
+                        let displaced = self.inner.insert(hash, key, v.clone().unbind());
+                        guard.outcome = Some(FlightState::Ready(v.clone().unbind()));
+                        drop(guard);
+                        drop(displaced);
+                        Ok(v)
+                    }
+                    Err(e) => {
+                        guard.outcome = Some(FlightState::Failed(e.clone_ref(py)));
+                        drop(guard);
+                        Err(e)
+                    }
+                }
+            }
+            Role::Wait(flight) => {
+                if flight.leader == std::thread::current().id() {
+                    return Err(PyRuntimeError::new_err(
+                        "get_or_insert: the factory for this key re-entered get_or_insert for the same \
+                         key on the same thread (it would wait for itself)",
+                    ));
+                }
+                py.detach(|| {
+                    let mut st = flight.state.lock().unwrap_or_else(PoisonError::into_inner);
+                    while matches!(*st, FlightState::Pending) {
+                        st = flight.done.wait(st).unwrap_or_else(PoisonError::into_inner);
+                    }
+                });
+                let st = flight.state.lock_py_attached(py).unwrap_or_else(PoisonError::into_inner);
+                match &*st {
+                    FlightState::Ready(v) => Ok(v.bind(py).clone()),
+                    FlightState::Failed(e) => Err(e.clone_ref(py)),
+                    FlightState::Pending => unreachable!("waited until the flight completed"),
+                }
+            }
+        }
     }
 }
 
@@ -40,7 +194,10 @@ impl PyLruCache {
         if capacity == 0 {
             return Err(PyValueError::new_err("capacity must be at least 1"));
         }
-        Ok(Self { inner: Cache::new(capacity, shards) })
+        if shards == Some(0) {
+            return Err(PyValueError::new_err("shards must be at least 1"));
+        }
+        Ok(Self { inner: Cache::new(capacity, shards), flights: Mutex::new(HashMap::new()) })
     }
 
     #[pyo3(signature = (key, default = None))]
@@ -63,8 +220,61 @@ impl PyLruCache {
         with_encoding(key, "key", |enc| self.insert_encoded(fast_hash_state().hash(enc), enc, value))
     }
 
+    fn __delitem__(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (found, displaced) =
+            with_encoding(key, "key", |enc| self.inner.remove(fast_hash_state().hash(enc), enc))?;
+        drop(displaced);
+        if found {
+            Ok(())
+        } else {
+            Err(PyKeyError::new_err(key.clone().unbind()))
+        }
+    }
+
     fn __contains__(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         with_encoding(key, "key", |enc| self.inner.contains(fast_hash_state().hash(enc), enc))
+    }
+
+    /// pop(key[, default]): remove `key` and return its value, else `default` or `KeyError`.
+    #[pyo3(signature = (key, *default))]
+    fn pop<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        default: &Bound<'py, PyTuple>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if default.len() > 1 {
+            return Err(PyTypeError::new_err(format!(
+                "pop expected at most 2 arguments, got {}",
+                default.len() + 1
+            )));
+        }
+        let (found, displaced) = with_encoding(key, "key", |enc| {
+            self.inner.remove_with(fast_hash_state().hash(enc), enc, |v| v.clone_ref(py))
+        })?;
+        drop(displaced);
+        match found {
+            Some(v) => Ok(v.into_bound(py)),
+            None if default.len() == 1 => default.get_item(0),
+            None => Err(PyKeyError::new_err(key.clone().unbind())),
+        }
+    }
+
+    fn get_or_insert<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        factory: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        // The factory runs inside `with_encoding`: the encoding stays borrowed from this
+        // thread's buffer, and any key the factory encodes gets a fresh buffer.
+        with_encoding(key, "key", |enc| {
+            self.get_or_insert_encoded(py, fast_hash_state().hash(enc), enc, |_| factory.call0())
+        })?
+    }
+
+    fn clear(&self) {
+        drop(self.inner.clear());
     }
 
     fn __len__(&self) -> usize {
@@ -76,7 +286,13 @@ impl PyLruCache {
         self.inner.capacity()
     }
 
+    #[getter]
+    fn shards(&self) -> usize {
+        self.inner.shards()
+    }
+
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        drop(self.inner.take_displaced());
         let s = self.inner.stats();
         let d = PyDict::new(py);
         d.set_item("hits", s.hits)?;
@@ -86,6 +302,31 @@ impl PyLruCache {
         d.set_item("size", s.size)?;
         d.set_item("capacity", s.capacity)?;
         Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "LruCache(capacity={}, size={}, shards={})",
+            self.inner.capacity(),
+            self.inner.len(),
+            self.inner.shards()
+        )
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        // Lock-free snapshot of the live values; values already displaced but not yet handed
+        // back are not visited (the GC then just sees them as externally referenced).
+        let mut out = Ok(());
+        self.inner.for_each_value(|v| {
+            if out.is_ok() {
+                out = visit.call(v);
+            }
+        });
+        out
+    }
+
+    fn __clear__(&self) {
+        drop(self.inner.clear());
     }
 }
 
