@@ -532,3 +532,73 @@ def test_many_entries_grow_and_stay_correct() -> None:
     assert len(c) == 20_000
     assert all(c[i] == i for i in range(0, 20_000, 7))
     assert c.stats()["evictions"] == 0
+
+
+# ---- the structural route ----------------------------------------------------------------------
+# Keys of exact builtins and dtypes are looked up by a structural hash and compare against the stored
+# key object; every other key by its encoding. Both routes must give exactly encode-equality.
+
+_torch = pytest.importorskip("torch")
+
+_leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.sampled_from([0, 1, -1, 16, 2**31, 2**63 - 1, -(2**63)]),
+    st.integers(min_value=2**63, max_value=2**66),  # big ints: encoded route
+    st.sampled_from([0.0, -0.0, 1.0, float("nan"), float("inf")]),
+    st.sampled_from(["", "1", "D", "*fp16", "é"]),
+    st.sampled_from([b"", b"1"]),
+    st.sampled_from([_torch.float16, _torch.float32, _torch.bfloat16]),
+    st.sampled_from([_torch.device("cpu"), _torch.device("cuda", 0)]),  # encoded route
+)
+_trees = st.recursive(_leaves, lambda inner: st.lists(inner, max_size=3).map(tuple), max_leaves=8)
+
+
+def _rebuilt(v: object) -> object:
+    """An equal key tree made of new objects where Python allows (fresh tuples and strs)."""
+    if type(v) is tuple:
+        return tuple(_rebuilt(x) for x in v)
+    if type(v) is str:
+        return "".join([v, ""]) if not v else str(v[:1]) + v[1:]
+    return v
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_trees, _trees)
+def test_lookup_hits_exactly_when_encodings_are_equal(a: object, b: object) -> None:
+    cache = LruCache(64)
+    cache[a] = "A"
+    same = jitkey.encode(a) == jitkey.encode(b)
+    assert (cache.get(b, "miss") == "A") == same
+    assert (b in cache) == same
+    assert cache.get(_rebuilt(a)) == "A"
+    # get_or_insert agrees with get, on both routes.
+    assert cache.get_or_insert(b, lambda: "B") == ("A" if same else "B")
+    assert cache[b] == ("A" if same else "B")
+
+
+def test_structural_lookalikes_do_not_collide() -> None:
+    cache = LruCache(64)
+    lookalikes = [True, 1, 1.0, "1", b"1", (1,), 0.0, -0.0, False, 0, None, (), _torch.float32, "float32"]
+    for i, k in enumerate(lookalikes):
+        cache[k] = i
+    for i, k in enumerate(lookalikes):
+        assert cache[k] == i
+    assert len(cache) == len(lookalikes)
+
+
+def test_unkeyable_probe_raises_on_the_structural_route_too() -> None:
+    cache = LruCache(8)
+    cache[("a", 1)] = 1
+    with pytest.raises(UnsupportedKeyError, match="surrogate"):
+        cache.get(("a", "\ud800"))
+    with pytest.raises(UnsupportedKeyError):
+        cache.get(("a", [1]))
+
+
+def test_layout_fast_path_is_proven_on_this_interpreter() -> None:
+    # On CPython 3.10-3.14 GIL builds the direct tuple/str reads are enabled only after the import-time
+    # proof; either way results must not change (the property tests above run on whichever path).
+    assert isinstance(jitkey._core._FAST_LAYOUT, bool)
+    if sys.version_info < (3, 15) and getattr(sys, "_is_gil_enabled", lambda: True)():
+        assert jitkey._core._FAST_LAYOUT

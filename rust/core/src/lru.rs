@@ -405,6 +405,17 @@ impl<V> Cache<V> {
     /// Finds `key` in a shard's current table.
     #[inline]
     fn find<'g>(guard: &'g LocalGuard<'_>, shard: &Shard<V>, hash: u64, key: &[u8]) -> Option<&'g Entry<V>> {
+        Self::find_by(guard, shard, hash, |k, _| k == key)
+    }
+
+    /// Finds the entry with `hash` for which `is_key(stored key bytes, stored value)` holds.
+    #[inline]
+    fn find_by<'g>(
+        guard: &'g LocalGuard<'_>,
+        shard: &Shard<V>,
+        hash: u64,
+        mut is_key: impl FnMut(&[u8], &V) -> bool,
+    ) -> Option<&'g Entry<V>> {
         // SAFETY: tables and entries loaded under `guard` stay allocated until it is dropped
         // (they are retired through the same collector only after being unlinked).
         let table = unsafe { &*guard.protect(&shard.table, Ordering::Acquire) };
@@ -417,7 +428,7 @@ impl<V> Cache<V> {
             if p != tombstone() {
                 // SAFETY: as above.
                 let e = unsafe { &*p };
-                if e.hash == hash && *e.key == *key {
+                if e.hash == hash && is_key(&e.key, &e.value) {
                     return Some(e);
                 }
             }
@@ -431,9 +442,23 @@ impl<V> Cache<V> {
     /// reclamation; it should be short (e.g. clone a handle) and must not block on this cache.
     #[inline]
     pub fn get_with<R>(&self, hash: u64, key: &[u8], f: impl FnOnce(&V) -> R) -> Option<R> {
+        self.get_with_eq(hash, |k, _| k == key, f)
+    }
+
+    /// Like [`Cache::get_with`], but the caller decides which stored entry with `hash` is its
+    /// key: `is_key(stored key bytes, stored value)`. For callers that can compare a probe with
+    /// what they stored more cheaply than by re-encoding it (e.g. structurally). `is_key` must
+    /// agree with byte equality of the stored keys: it may be true for at most one entry.
+    #[inline]
+    pub fn get_with_eq<R>(
+        &self,
+        hash: u64,
+        is_key: impl FnMut(&[u8], &V) -> bool,
+        f: impl FnOnce(&V) -> R,
+    ) -> Option<R> {
         let shard = self.shard(hash);
         let guard = self.collector.enter();
-        let out = Self::find(&guard, shard, hash, key).map(|e| {
+        let out = Self::find_by(&guard, shard, hash, is_key).map(|e| {
             if !e.visited.load(Ordering::Relaxed) {
                 e.visited.store(true, Ordering::Relaxed);
             }

@@ -9,7 +9,7 @@
 use std::cell::Cell;
 use std::ffi::c_int;
 use std::ptr::addr_of_mut;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::RwLock;
 
 use jitkey_core::key::{Encoder, FastHashState, KeyError, MAX_DEPTH};
@@ -129,6 +129,105 @@ pub(crate) type WalkResult<T = ()> = Result<T, WalkError>;
 
 const UNSUPPORTED_WHY: &str = "jitkey keys None, bool, int, float, str, bytes, tuple, torch.dtype, \
      torch.device and objects defining __jitkey__(); subclasses of builtins need __jitkey__() too";
+
+// ---- object layout fast paths ------------------------------------------------------------------
+//
+// The abi3 build may only call functions for tuple items and str hashes (`PyTuple_GetItem`,
+// `PyObject_Hash`); those calls were a third of a warm structural hash. On the CPython builds an
+// abi3 wheel can load into (3.10-3.14, GIL, no Py_TRACE_REFS), a tuple's items follow its 24-byte
+// `PyVarObject` header and a str caches its hash in the 4th word of `PyASCIIObject`. jitkey reads
+// them directly only after `init_layout` proved, on live objects at import, that direct reads
+// equal the API's answers; on any other interpreter it keeps calling the API.
+
+static FAST_LAYOUT: AtomicBool = AtomicBool::new(false);
+
+const TUPLE_ITEMS_OFFSET: usize = 3 * std::mem::size_of::<usize>();
+const STR_HASH_WORD: usize = 3;
+
+/// Item `i` of an exact tuple (borrowed).
+///
+/// # Safety
+/// `tuple` is a live exact tuple and `0 <= i < len`.
+#[inline(always)]
+pub(crate) unsafe fn tuple_item(tuple: *mut ffi::PyObject, i: ffi::Py_ssize_t) -> *mut ffi::PyObject {
+    if FAST_LAYOUT.load(Ordering::Relaxed) {
+        // SAFETY: layout verified by `init_layout`; index in range per the contract.
+        unsafe { *tuple.cast::<u8>().add(TUPLE_ITEMS_OFFSET).cast::<*mut ffi::PyObject>().add(i as usize) }
+    } else {
+        unsafe { ffi::PyTuple_GetItem(tuple, i) }
+    }
+}
+
+/// Length of an exact tuple. `ob_size` of `PyVarObject` is part of the stable ABI (`Py_SIZE`).
+///
+/// # Safety
+/// `tuple` is a live exact tuple.
+#[inline(always)]
+pub(crate) unsafe fn tuple_len(tuple: *mut ffi::PyObject) -> ffi::Py_ssize_t {
+    // SAFETY: `PyVarObject { ob_refcnt, ob_type, ob_size }` is stable-ABI layout.
+    unsafe { (*tuple.cast::<ffi::PyVarObject>()).ob_size }
+}
+
+/// CPython's hash of an exact str, from its cache when the layout allows.
+///
+/// # Safety
+/// `s` is a live exact str.
+#[inline(always)]
+unsafe fn str_hash(s: *mut ffi::PyObject) -> ffi::Py_hash_t {
+    if FAST_LAYOUT.load(Ordering::Relaxed) {
+        // SAFETY: layout verified by `init_layout`.
+        let cached = unsafe { *s.cast::<ffi::Py_hash_t>().add(STR_HASH_WORD) };
+        if cached != -1 {
+            return cached;
+        }
+    }
+    // Never fails for an exact str (the hash is then cached in the object).
+    unsafe { ffi::PyObject_Hash(s) }
+}
+
+/// Enables the direct reads above if this interpreter provably lays objects out as expected.
+pub(crate) fn init_layout(py: Python<'_>) -> PyResult<bool> {
+    let sys = py.import("sys")?;
+    let version = sys.getattr("version_info")?;
+    let (major, minor): (u32, u32) =
+        (version.getattr("major")?.extract()?, version.getattr("minor")?.extract()?);
+    let gil = match sys.getattr("_is_gil_enabled") {
+        Ok(f) => f.call0()?.extract::<bool>()?,
+        Err(_) => true,
+    };
+    let trace_refs = sys.hasattr("getobjects")?;
+    let known = major == 3 && (10..=14).contains(&minor) && gil && !trace_refs;
+    let ok = known && layout_matches(py)?;
+    FAST_LAYOUT.store(ok, Ordering::Relaxed);
+    Ok(ok)
+}
+
+fn layout_matches(py: Python<'_>) -> PyResult<bool> {
+    let items =
+        [py.None(), 7i64.into_pyobject(py)?.into_any().unbind(), py.import("sys")?.into_any().unbind()];
+    let tuple = pyo3::types::PyTuple::new(py, &items)?;
+    let tp = tuple.as_ptr();
+    for i in 0..3 {
+        // SAFETY: `tuple` is a live 3-tuple; the direct read stays inside its allocation.
+        let (api, direct) = unsafe {
+            (
+                ffi::PyTuple_GetItem(tp, i),
+                *tp.cast::<u8>().add(TUPLE_ITEMS_OFFSET).cast::<*mut ffi::PyObject>().add(i as usize),
+            )
+        };
+        if api != direct {
+            return Ok(false);
+        }
+    }
+    // A fresh (never hashed) str reads -1; after hashing, the word holds exactly the hash.
+    let probe = pyo3::types::PyString::new(py, &format!("jitkey-layout-probe-{:x}", std::process::id()));
+    let sp = probe.as_ptr();
+    // SAFETY: `probe` is a live str of at least 4 words (header + length + hash).
+    let before = unsafe { *sp.cast::<ffi::Py_hash_t>().add(STR_HASH_WORD) };
+    let hash = probe.hash()?;
+    let after = unsafe { *sp.cast::<ffi::Py_hash_t>().add(STR_HASH_WORD) };
+    Ok(before == -1 && after == hash && hash != -1)
+}
 
 // ---- torch type recognition --------------------------------------------------------------------
 
@@ -322,10 +421,10 @@ fn walk_tuple(obj: &Bound<'_, PyAny>, enc: &mut Encoder, depth: usize) -> WalkRe
     }
     let ptr = obj.as_ptr();
     // SAFETY: exact tuple; items are borrowed from an immutable tuple we keep alive.
-    let len = unsafe { ffi::PyTuple_Size(ptr) } as usize;
+    let len = unsafe { tuple_len(ptr) } as usize;
     enc.tuple_header(len)?;
     for i in 0..len {
-        let item = unsafe { Borrowed::from_ptr(obj.py(), ffi::PyTuple_GetItem(ptr, i as ffi::Py_ssize_t)) };
+        let item = unsafe { Borrowed::from_ptr(obj.py(), tuple_item(ptr, i as ffi::Py_ssize_t)) };
         let tp = unsafe { ffi::Py_TYPE(item.as_ptr()) };
         let res = match leaf(&item, tp, enc) {
             Leaf::Done => continue,
@@ -437,9 +536,176 @@ fn digest_encoding<'py>(py: Python<'py>, encoding: &[u8]) -> Bound<'py, PyBytes>
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("_FAST_LAYOUT", init_layout(m.py())?)?;
     m.add_function(wrap_pyfunction!(encode, m)?)?;
     m.add_function(wrap_pyfunction!(digest, m)?)?;
     m.add_function(wrap_pyfunction!(fast_hash, m)?)?;
     m.add_function(wrap_pyfunction!(digest_encoding, m)?)?;
     Ok(())
+}
+
+// ---- structural in-memory hashing --------------------------------------------------------------
+//
+// `jitkey.LruCache` keys are usually small tuples of exact builtins. For those, the warm path does
+// not build the canonical encoding: it hashes the objects directly (CPython's cached str/bytes
+// hash, ints by value, floats by canonical bits, dtypes by identity — torch dtypes are singletons)
+// and compares a probe with the stored key object structurally, identity first. Both are defined
+// so that `structural_eq(a, b)` holds exactly when `encode(a) == encode(b)`: exact types only, bool
+// never equal to int, floats by bits. Trees holding anything else (big ints, devices, `__jitkey__`
+// objects, unsupported types, nesting past MAX_DEPTH) are not structural: `structural_hash` says
+// `None` and the caller keys them by their encoding. The choice depends only on the tree's types
+// and values, so a key always takes the same route.
+
+const K_MUL: u64 = 0x9E37_79B9_7F4A_7C15;
+
+#[inline(always)]
+fn mix(h: u64, x: u64) -> u64 {
+    let r = u128::from(h ^ x) * u128::from(K_MUL);
+    (r as u64) ^ ((r >> 64) as u64)
+}
+
+/// Process seed of the structural hash (random, so request-controlled shapes cannot flood a shard).
+fn structural_seed() -> u64 {
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SEED.get_or_init(|| fast_hash_state().hash(b"jitkey-structural-seed") | 1)
+}
+
+/// The structural hash of a key tree, or `None` when the tree must be keyed by its encoding.
+#[inline]
+pub(crate) fn structural_hash(obj: &Bound<'_, PyAny>) -> Option<u64> {
+    struct_hash(obj, structural_seed(), 0)
+}
+
+fn struct_hash(obj: &Bound<'_, PyAny>, h: u64, depth: usize) -> Option<u64> {
+    // SAFETY: `obj` is live.
+    let tp = unsafe { ffi::Py_TYPE(obj.as_ptr()) };
+    match struct_leaf(obj, tp, h) {
+        StructLeaf::Hash(h) => Some(h),
+        StructLeaf::Tuple => struct_hash_tuple(obj, h, depth),
+        StructLeaf::No => None,
+    }
+}
+
+enum StructLeaf {
+    Hash(u64),
+    Tuple,
+    No,
+}
+
+/// Hashes `obj` if it is a structural scalar; inline in the tuple loop (no recursive call per
+/// item, as in the encoding walk).
+#[inline(always)]
+fn struct_leaf(obj: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject, h: u64) -> StructLeaf {
+    let ptr = obj.as_ptr();
+    // SAFETY: `ptr` is live and of type `tp`; every branch uses C-API calls valid for the exact
+    // type it checked.
+    unsafe {
+        if is_type(tp, addr_of_mut!(ffi::PyUnicode_Type)) {
+            // Cached in the object after the first call; never fails for an exact str.
+            return StructLeaf::Hash(mix(h ^ 6, str_hash(ptr) as u64));
+        }
+        if is_type(tp, addr_of_mut!(ffi::PyLong_Type)) {
+            let mut overflow: c_int = 0;
+            let v = ffi::PyLong_AsLongLongAndOverflow(ptr, &mut overflow);
+            return if overflow == 0 { StructLeaf::Hash(mix(h ^ 3, v as u64)) } else { StructLeaf::No };
+        }
+        if is_type(tp, addr_of_mut!(ffi::PyTuple_Type)) {
+            return StructLeaf::Tuple;
+        }
+        if ptr == ffi::Py_None() {
+            return StructLeaf::Hash(mix(h, 0x100));
+        }
+        if is_type(tp, addr_of_mut!(ffi::PyBool_Type)) {
+            return StructLeaf::Hash(mix(h, if ptr == ffi::Py_True() { 0x102 } else { 0x101 }));
+        }
+        if is_type(tp, addr_of_mut!(ffi::PyFloat_Type)) {
+            let v = ffi::PyFloat_AsDouble(ptr);
+            let bits = if v.is_nan() { jitkey_core::key::CANONICAL_NAN_BITS } else { v.to_bits() };
+            return StructLeaf::Hash(mix(h ^ 5, bits));
+        }
+        if is_type(tp, addr_of_mut!(ffi::PyBytes_Type)) {
+            return StructLeaf::Hash(mix(h ^ 7, ffi::PyObject_Hash(ptr) as u64));
+        }
+    }
+    struct_other(obj, tp, h)
+}
+
+/// torch.dtype objects are singletons: hashed by identity. `torch_kind` (not just the cached
+/// pointer) decides, so a dtype met before any encode still takes this route.
+#[cold]
+fn struct_other(obj: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject, h: u64) -> StructLeaf {
+    match torch_kind(obj, tp) {
+        Some(TorchKind::Dtype) => StructLeaf::Hash(mix(h ^ 9, obj.as_ptr() as u64)),
+        _ => StructLeaf::No,
+    }
+}
+
+fn struct_hash_tuple(obj: &Bound<'_, PyAny>, mut h: u64, depth: usize) -> Option<u64> {
+    if depth >= MAX_DEPTH {
+        return None;
+    }
+    let ptr = obj.as_ptr();
+    // SAFETY: exact tuple; items are borrowed from an immutable tuple we keep alive.
+    let len = unsafe { tuple_len(ptr) };
+    h = mix(h ^ 8, len as u64);
+    for i in 0..len {
+        let item = unsafe { Borrowed::from_ptr(obj.py(), tuple_item(ptr, i)) };
+        let tp = unsafe { ffi::Py_TYPE(item.as_ptr()) };
+        h = match struct_leaf(&item, tp, h) {
+            StructLeaf::Hash(h) => h,
+            StructLeaf::Tuple => struct_hash_tuple(&item, h, depth + 1)?,
+            StructLeaf::No => return None,
+        };
+    }
+    Some(h)
+}
+
+/// Whether two structural key trees (both accepted by [`structural_hash`]) are the same key.
+pub(crate) fn structural_eq(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> bool {
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    if pa == pb {
+        return true;
+    }
+    // SAFETY: both are live; each branch checks both exact types before type-specific calls.
+    unsafe {
+        let tp = ffi::Py_TYPE(pa);
+        if tp != ffi::Py_TYPE(pb) {
+            return false;
+        }
+        if is_type(tp, addr_of_mut!(ffi::PyUnicode_Type)) || is_type(tp, addr_of_mut!(ffi::PyBytes_Type)) {
+            // Exact str/bytes: the builtin comparison runs no user code. An error (impossible
+            // for exact types) counts as "not equal", i.e. a miss.
+            let r = ffi::PyObject_RichCompareBool(pa, pb, ffi::Py_EQ);
+            if r < 0 {
+                let _ = PyErr::take(a.py());
+            }
+            return r == 1;
+        }
+        if is_type(tp, addr_of_mut!(ffi::PyLong_Type)) {
+            let (mut oa, mut ob): (c_int, c_int) = (0, 0);
+            let va = ffi::PyLong_AsLongLongAndOverflow(pa, &mut oa);
+            let vb = ffi::PyLong_AsLongLongAndOverflow(pb, &mut ob);
+            return oa == 0 && ob == 0 && va == vb;
+        }
+        if is_type(tp, addr_of_mut!(ffi::PyTuple_Type)) {
+            let len = tuple_len(pa);
+            if len != tuple_len(pb) {
+                return false;
+            }
+            for i in 0..len {
+                let x = Borrowed::from_ptr(a.py(), tuple_item(pa, i));
+                let y = Borrowed::from_ptr(a.py(), tuple_item(pb, i));
+                if !structural_eq(&x, &y) {
+                    return false;
+                }
+            }
+            return true;
+        }
+        if is_type(tp, addr_of_mut!(ffi::PyFloat_Type)) {
+            let canon = |v: f64| if v.is_nan() { jitkey_core::key::CANONICAL_NAN_BITS } else { v.to_bits() };
+            return canon(ffi::PyFloat_AsDouble(pa)) == canon(ffi::PyFloat_AsDouble(pb));
+        }
+    }
+    // None, bools and dtypes are singletons: equal only when identical (checked above).
+    false
 }

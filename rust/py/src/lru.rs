@@ -1,8 +1,12 @@
-//! `jitkey.LruCache`: the Python face of `jitkey_core::lru::Cache<Py<PyAny>>`.
+//! `jitkey.LruCache`: the Python face of `jitkey_core::lru::Cache<Slot>`.
 //!
-//! * Keys are key trees (as for `jitkey.encode`): the thread-local encoder turns one into its
-//!   canonical bytes, the per-process seeded fast hash picks the slot, and the cache compares the
-//!   full bytes, so two keys never share an entry.
+//! * Keys are key trees (as for `jitkey.encode`), stored under their canonical bytes, so two keys
+//!   never share an entry. Keys made only of exact builtins and dtypes (the usual tuples) take the
+//!   structural route on lookups: the slot is picked by `keys::structural_hash` (a walk over the
+//!   objects, CPython's cached str hashes, no encoding built) and the probe is compared with the
+//!   stored key object by `keys::structural_eq`, identity first. Both agree exactly with byte
+//!   equality of encodings, so the route is a speed-up, never a different answer. Other keys
+//!   (big ints, devices, `__jitkey__` objects) are hashed and compared by their encoding.
 //! * A hit (`get`, `[]`, the hit path of `get_or_insert`) takes no lock: the value is incref'd
 //!   while the core's epoch guard protects the entry.
 //! * Values displaced by a write (replaced, evicted, removed, cleared) come back from the core
@@ -26,7 +30,20 @@ use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::sync::MutexExt;
 use pyo3::types::{PyDict, PyTuple};
 
-use crate::keys::{fast_hash_state, with_encoding};
+use crate::keys::{fast_hash_state, structural_eq, structural_hash, with_encoding};
+
+/// What the core stores per entry: the value, and for structural keys the key object itself
+/// (an immutable tuple/scalar tree) to compare probes against.
+pub(crate) struct Slot {
+    value: Py<PyAny>,
+    key: Option<Py<PyAny>>,
+}
+
+/// Calls `f(hash, encoding)` with the hash the key's route uses (see the module docs).
+fn with_key<R>(key: &Bound<'_, PyAny>, f: impl FnOnce(u64, &[u8]) -> R) -> PyResult<R> {
+    let structural = structural_hash(key);
+    with_encoding(key, "key", |enc| f(structural.unwrap_or_else(|| fast_hash_state().hash(enc)), enc))
+}
 
 /// The outcome of one factory run, shared by the threads that waited for it.
 enum FlightState {
@@ -44,7 +61,7 @@ struct Flight {
 
 #[pyclass(name = "LruCache", module = "jitkey._core", frozen)]
 pub(crate) struct PyLruCache {
-    inner: Cache<Py<PyAny>>,
+    inner: Cache<Slot>,
     /// Keys whose factory is running, by encoding. Locked only briefly, never around Python.
     flights: Mutex<HashMap<Box<[u8]>, Arc<Flight>>>,
 }
@@ -90,7 +107,7 @@ impl PyLruCache {
         hash: u64,
         key: &[u8],
     ) -> Option<Bound<'py, PyAny>> {
-        let out = self.inner.get_with(hash, key, |v| v.bind(py).clone());
+        let out = self.inner.get_with(hash, key, |s| s.value.bind(py).clone());
         if self.inner.has_displaced() {
             self.release_displaced();
         }
@@ -104,8 +121,30 @@ impl PyLruCache {
 
     /// Stores `value` under an encoding. Displaced values are dropped here, after the cache's
     /// locks were released; call it attached to the interpreter (as every pymethod is).
+    #[allow(dead_code, reason = "the Signature layer's entry point")]
     pub(crate) fn insert_encoded(&self, hash: u64, key: &[u8], value: Py<PyAny>) {
-        drop(self.inner.insert(hash, key, value));
+        drop(self.inner.insert(hash, key, Slot { value, key: None }));
+    }
+
+    /// The value under a key tree, by its route (structural or encoded). A miss on the
+    /// structural route still encodes the key, so an unkeyable key raises on every lookup.
+    #[inline]
+    fn lookup<'py>(&self, py: Python<'py>, key: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(hash) = structural_hash(key) else {
+            return with_encoding(key, "key", |enc| self.get_encoded(py, fast_hash_state().hash(enc), enc));
+        };
+        let out = self.inner.get_with_eq(
+            hash,
+            |_, s| s.key.as_ref().is_some_and(|k| structural_eq(k.bind(py), key)),
+            |s| s.value.bind(py).clone(),
+        );
+        if self.inner.has_displaced() {
+            self.release_displaced();
+        }
+        if out.is_none() {
+            with_encoding(key, "key", |_| ())?;
+        }
+        Ok(out)
     }
 
     /// The value under an encoding, or the result of `factory` stored under it. Single-flight:
@@ -115,21 +154,36 @@ impl PyLruCache {
     /// A factory that calls back into this for the *same* key on the same thread gets a
     /// `RuntimeError` (waiting would never end). Two factories waiting on each other's keys from
     /// two threads deadlock, as with any single-flight scheme; do not build such cycles.
+    #[allow(dead_code, reason = "the Signature layer's entry point")]
     pub(crate) fn get_or_insert_encoded<'py>(
         &self,
         py: Python<'py>,
         hash: u64,
         key: &[u8],
+        key_obj: Option<&Bound<'py, PyAny>>,
         factory: impl FnOnce(Python<'py>) -> PyResult<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         if let Some(v) = self.get_encoded(py, hash, key) {
             return Ok(v);
         }
+        self.fill_miss(py, hash, key, key_obj, factory)
+    }
+
+    /// The miss half of [`PyLruCache::get_or_insert_encoded`], for callers that already probed
+    /// (and counted the miss).
+    fn fill_miss<'py>(
+        &self,
+        py: Python<'py>,
+        hash: u64,
+        key: &[u8],
+        key_obj: Option<&Bound<'py, PyAny>>,
+        factory: impl FnOnce(Python<'py>) -> PyResult<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let role = {
             let mut flights = self.flights.lock_py_attached(py).unwrap_or_else(PoisonError::into_inner);
             if let Some(f) = flights.get(key) {
                 Role::Wait(f.clone())
-            } else if let Some(v) = self.inner.peek_with(hash, key, |v| v.clone_ref(py)) {
+            } else if let Some(v) = self.inner.peek_with(hash, key, |s| s.value.clone_ref(py)) {
                 // Another thread finished the flight between our miss and taking the lock.
                 Role::Hit(v)
             } else {
@@ -149,7 +203,9 @@ impl PyLruCache {
                 match factory(py) {
                     Ok(v) => {
                         // Store before the flight ends, so a late caller finds it in the cache.
-                        let displaced = self.inner.insert(hash, key, v.clone().unbind());
+                        let slot =
+                            Slot { value: v.clone().unbind(), key: key_obj.map(|k| k.clone().unbind()) };
+                        let displaced = self.inner.insert(hash, key, slot);
                         guard.outcome = Some(FlightState::Ready(v.clone().unbind()));
                         drop(guard);
                         drop(displaced);
@@ -207,22 +263,21 @@ impl PyLruCache {
         key: &Bound<'py, PyAny>,
         default: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let hit = with_encoding(key, "key", |enc| self.get_encoded(py, fast_hash_state().hash(enc), enc))?;
+        let hit = self.lookup(py, key)?;
         Ok(hit.or(default).unwrap_or_else(|| py.None().into_bound(py)))
     }
 
     fn __getitem__<'py>(&self, py: Python<'py>, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        with_encoding(key, "key", |enc| self.get_encoded(py, fast_hash_state().hash(enc), enc))?
-            .ok_or_else(|| PyKeyError::new_err(key.clone().unbind()))
+        self.lookup(py, key)?.ok_or_else(|| PyKeyError::new_err(key.clone().unbind()))
     }
 
     fn __setitem__(&self, key: &Bound<'_, PyAny>, value: Py<PyAny>) -> PyResult<()> {
-        with_encoding(key, "key", |enc| self.insert_encoded(fast_hash_state().hash(enc), enc, value))
+        let key_obj = structural_hash(key).map(|_| key.clone().unbind());
+        with_key(key, |hash, enc| drop(self.inner.insert(hash, enc, Slot { value, key: key_obj })))
     }
 
     fn __delitem__(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
-        let (found, displaced) =
-            with_encoding(key, "key", |enc| self.inner.remove(fast_hash_state().hash(enc), enc))?;
+        let (found, displaced) = with_key(key, |hash, enc| self.inner.remove(hash, enc))?;
         drop(displaced);
         if found {
             Ok(())
@@ -232,7 +287,7 @@ impl PyLruCache {
     }
 
     fn __contains__(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
-        with_encoding(key, "key", |enc| self.inner.contains(fast_hash_state().hash(enc), enc))
+        with_key(key, |hash, enc| self.inner.contains(hash, enc))
     }
 
     /// pop(key[, default]): remove `key` and return its value, else `default` or `KeyError`.
@@ -249,9 +304,8 @@ impl PyLruCache {
                 default.len() + 1
             )));
         }
-        let (found, displaced) = with_encoding(key, "key", |enc| {
-            self.inner.remove_with(fast_hash_state().hash(enc), enc, |v| v.clone_ref(py))
-        })?;
+        let (found, displaced) =
+            with_key(key, |hash, enc| self.inner.remove_with(hash, enc, |s| s.value.clone_ref(py)))?;
         drop(displaced);
         match found {
             Some(v) => Ok(v.into_bound(py)),
@@ -268,9 +322,12 @@ impl PyLruCache {
     ) -> PyResult<Bound<'py, PyAny>> {
         // The factory runs inside `with_encoding`: the encoding stays borrowed from this
         // thread's buffer, and any key the factory encodes gets a fresh buffer.
-        with_encoding(key, "key", |enc| {
-            self.get_or_insert_encoded(py, fast_hash_state().hash(enc), enc, |_| factory.call0())
-        })?
+        // Hits take the lookup path (structural when it can); only a miss encodes the key.
+        if let Some(hit) = self.lookup(py, key)? {
+            return Ok(hit);
+        }
+        let key_obj = structural_hash(key).is_some().then_some(key);
+        with_key(key, |hash, enc| self.fill_miss(py, hash, enc, key_obj, |_| factory.call0()))?
     }
 
     fn clear(&self) {
@@ -317,9 +374,12 @@ impl PyLruCache {
         // Lock-free snapshot of the live values; values already displaced but not yet handed
         // back are not visited (the GC then just sees them as externally referenced).
         let mut out = Ok(());
-        self.inner.for_each_value(|v| {
+        self.inner.for_each_value(|s| {
             if out.is_ok() {
-                out = visit.call(v);
+                out = visit.call(&s.value);
+            }
+            if let (Ok(()), Some(k)) = (&out, &s.key) {
+                out = visit.call(k);
             }
         });
         out
