@@ -16,9 +16,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing as mp
 import os
-import sqlite3
 import sys
-import tempfile
 import time
 import timeit
 from collections.abc import Callable
@@ -27,6 +25,7 @@ from pathlib import Path
 import pytest
 
 import jitkey
+from jitkey.bench._peers import FileStore, SqliteStore
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="DiskIndex is unix-only")
 
@@ -36,58 +35,6 @@ VALUE = bytes(range(64))
 
 def keys(n: int, tag: str = "bench") -> list[bytes]:
     return [jitkey.digest((tag, i)) for i in range(n)]
-
-
-class SqliteStore:
-    def __init__(self, d: Path) -> None:
-        self.con = sqlite3.connect(d / "cache.sqlite", isolation_level=None, check_same_thread=False)
-        self.con.execute("pragma journal_mode=wal")
-        self.con.execute("pragma synchronous=normal")
-        self.con.execute("create table if not exists t (k blob primary key, v blob not null) without rowid")
-
-    def get(self, k: bytes) -> bytes | None:
-        row = self.con.execute("select v from t where k = ?", (k,)).fetchone()
-        return None if row is None else row[0]
-
-    def put(self, k: bytes, v: bytes) -> None:
-        self.con.execute("insert or replace into t values (?, ?)", (k, v))
-
-    def put_many(self, items: list[tuple[bytes, bytes]]) -> None:
-        with self.con:
-            self.con.execute("begin")
-            self.con.executemany("insert or replace into t values (?, ?)", items)
-
-
-class FileStore:
-    """entries/<h[:2]>/<h[2:]>, written via mkstemp in tmp/ + os.replace (no fsync)."""
-
-    def __init__(self, d: Path) -> None:
-        self.root = d
-        (d / "entries").mkdir(exist_ok=True)
-        (d / "tmp").mkdir(exist_ok=True)
-
-    def _path(self, k: bytes) -> str:
-        h = k.hex()
-        return os.path.join(self.root, "entries", h[:2], h[2:])
-
-    def get(self, k: bytes) -> bytes | None:
-        try:
-            with open(self._path(k), "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
-
-    def put(self, k: bytes, v: bytes) -> None:
-        p = self._path(k)
-        fd, tmp = tempfile.mkstemp(dir=self.root / "tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(v)
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        os.replace(tmp, p)
-
-    def put_many(self, items: list[tuple[bytes, bytes]]) -> None:
-        for k, v in items:
-            self.put(k, v)
 
 
 def make_store(kind: str, d: Path):  # type: ignore[no-untyped-def]

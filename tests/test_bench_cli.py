@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-CPU_SECTIONS = {"key", "cache"}
+CPU_SECTIONS = {"key", "cache", "disk"}
 
 
 def run_bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -47,9 +47,13 @@ def test_quick_run_writes_valid_json_with_every_cpu_section(
     env = doc["environment"]
     for field in ("jitkey", "python", "cpu", "torch", "triton"):
         assert env[field]
-    # The GPU section says it was skipped on a machine without CUDA.
-    if env["gpu"] is None and any(s["section"] == "launch" for s in doc["skipped"]):
-        assert "GPU" in proc.stdout or "CUDA" in proc.stdout
+    # Without a GPU the launch section is reported as skipped, with the reason, in both outputs.
+    if env["gpu"] is None:
+        skipped = {s["section"]: s["reason"] for s in doc["skipped"]}
+        assert "CUDA GPU" in skipped["launch"]
+        assert "== launch == skipped: no CUDA GPU" in proc.stdout
+    else:
+        assert "launch" in sections
     # Table on stdout, progress on stderr.
     assert "== key ==" in proc.stdout and "[jitkey bench]" in proc.stderr
 

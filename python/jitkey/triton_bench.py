@@ -109,7 +109,8 @@ def _case_mixed() -> tuple[str, Any, tuple[Any, ...], torch.Tensor, torch.Tensor
     )
 
 
-def _time(fn: Callable[[], Any], batches: int, launches: int) -> float:
+def _time_batches(fn: Callable[[], Any], batches: int, launches: int) -> list[float]:
+    """Host µs per launch of each batch."""
     for _ in range(3):  # warm the path (and the allocator, caches)
         fn()
     torch.cuda.synchronize()
@@ -121,9 +122,9 @@ def _time(fn: Callable[[], Any], batches: int, launches: int) -> float:
         for _ in range(launches):
             fn()
         t1 = perf()
-        per_launch.append((t1 - t0) / launches)
+        per_launch.append((t1 - t0) / launches * 1e6)
     torch.cuda.synchronize()
-    return statistics.median(per_launch) * 1e6
+    return per_launch
 
 
 def _check(name: str, run: Callable[[], Any], out: torch.Tensor, ref: torch.Tensor) -> None:
@@ -161,15 +162,21 @@ def run_bench(batches: int = 100, launches: int = 200) -> dict[str, Any]:
         for name, fn in impls.items():
             _check(f"{label} / {name}", fn, out, ref)
         stats0 = jk.cache_stats()
+        spread: dict[str, tuple[float, float]] = {}
         for name, fn in impls.items():
-            row[name] = _time(fn, batches, launches)
+            per_batch = _time_batches(fn, batches, launches)
+            row[name] = statistics.median(per_batch)
+            spread[name] = (min(per_batch), max(per_batch))
         stats = jk.cache_stats()
         # the jitkey figure must be the fast path: only hits while timing, no fallback at all
         assert stats["fallbacks"] == 0, stats
         assert stats["misses"] == stats0["misses"] and stats["hits"] > stats0["hits"], (stats0, stats)
         tmp = torch.empty_like(x0)
         _check(f"{label} / torch.add", lambda x0=x0, y0=y0, tmp=tmp: torch.add(x0, y0, out=tmp), tmp, x0 + y0)
-        row["torch.add"] = _time(lambda x0=x0, y0=y0, tmp=tmp: torch.add(x0, y0, out=tmp), batches, launches)
+        per_batch = _time_batches(lambda x0=x0, y0=y0, tmp=tmp: torch.add(x0, y0, out=tmp), batches, launches)
+        row["torch.add"] = statistics.median(per_batch)
+        spread["torch.add"] = (min(per_batch), max(per_batch))
+        row["spread"] = spread
         row["speedup vs fn[grid]"] = row["triton fn[grid]"] / row["jitkey"]
         row["jitkey / CompiledKernel.run"] = row["jitkey"] / row["CompiledKernel.run"]
         row["jitkey stats"] = stats

@@ -20,7 +20,7 @@ from jitkey.bench._harness import (
     to_json,
     write_plot,
 )
-from jitkey.bench._sections import SECTIONS
+from jitkey.bench._sections import SECTIONS, LaunchRun
 
 __all__ = ["main"]
 
@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(built, Skipped):
             skipped.append(built)
             progress(f"section {name} skipped: {built.reason}")
+            continue
+        if isinstance(built, LaunchRun):
+            results += built.results()
             continue
         results += run_cases(name, built, target_s=target_s, repeats=repeats)
     sys.stdout.write(format_table(results, skipped, env))

@@ -162,7 +162,7 @@ def environment() -> dict[str, Any]:
 
 
 def _fmt_time(ns: float, unit: str) -> str:
-    if unit == "us":
+    if unit == "us" or ns >= 10_000:
         return f"{ns / 1000:.2f} µs"
     return f"{ns:.0f} ns" if ns >= 100 else f"{ns:.1f} ns"
 
@@ -180,7 +180,13 @@ def format_table(results: list[Result], skipped: list[Skipped], env: dict[str, A
     width_i = max([len(r.impl) for r in results] + [4]) + 3
     header = f"{'case':<{width_g}}{'impl':<{width_i}}{'median':>11}{'spread':>9}{'ratio':>9}"
     current = None
-    for r in results:
+    # Rows of one group together, groups in the order they first appear.
+    first = {}
+    for i, r in enumerate(results):
+        first.setdefault((r.section, r.group), i)
+    sections = list(dict.fromkeys(r.section for r in results))
+    ordered = sorted(results, key=lambda r: (sections.index(r.section), first[(r.section, r.group)]))
+    for r in ordered:
         if r.section != current:
             current = r.section
             lines += ["", f"== {current} ==", header, "-" * len(header)]

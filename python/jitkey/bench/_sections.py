@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import pickle
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, Union
 
 import jitkey
 from jitkey import _reference
-from jitkey.bench._harness import Case, Skipped
+from jitkey.bench._harness import Case, Result, Skipped, set_ratios
 
-SectionResult = list[Case] | Skipped
+SectionResult = Union[list[Case], Skipped, "LaunchRun"]
 
 
 def triton_style_key(n: int) -> tuple[Any, ...]:
@@ -124,7 +126,128 @@ def cache_section(quick: bool) -> SectionResult:
     return cases
 
 
+def disk_section(quick: bool) -> SectionResult:
+    """Persistent index hits and puts: DiskIndex vs sqlite3 (WAL) vs a file-per-entry store."""
+    import itertools
+    import sys
+    import tempfile
+
+    from jitkey.bench._peers import FileStore, SqliteStore
+
+    if sys.platform == "win32":
+        return Skipped("disk", "DiskIndex is unix-only")
+    n = 2_000 if quick else 10_000
+    value = bytes(range(64))
+    keys = [jitkey.digest(("bench", i)) for i in range(n)]
+    probe = keys[n // 2]
+    tmp = tempfile.TemporaryDirectory(prefix="jitkey-bench-")
+    root = Path(tmp.name)
+    stores: dict[str, Any] = {}
+    for name in ("DiskIndex", "sqlite3 WAL", "file per entry"):
+        d = root / name.replace(" ", "_")
+        d.mkdir(mode=0o700)
+        store = (
+            jitkey.DiskIndex(d)
+            if name == "DiskIndex"
+            else SqliteStore(d)
+            if name.startswith("sqlite")
+            else FileStore(d)
+        )
+        store.put_many([(k, value) for k in keys])
+        stores[name] = store
+    counter = itertools.count()
+    cases: list[Case] = []
+    for name, store in stores.items():
+        env = {"s": store, "k": probe, "v": value, "dg": jitkey.digest, "c": counter, "_tmp": tmp}
+
+        def check_get(store: Any = store, name: str = name) -> None:
+            _expect(store.get(probe), value, f"{name}.get of a stored key")
+            _expect(store.get(jitkey.digest(("absent", 0))), None, f"{name}.get of an absent key")
+
+        def check_put(store: Any = store, name: str = name) -> None:
+            k = jitkey.digest(("put-check", name))
+            store.put(k, b"x" * 64)
+            _expect(store.get(k), b"x" * 64, f"{name}.get after put")
+
+        impl = "jitkey " + name if name == "DiskIndex" else name
+        cases.append(
+            Case(
+                f"disk get hit/{n} entries",
+                impl,
+                "s.get(k)",
+                env,
+                check_get,
+                baseline=name.startswith("sqlite"),
+            )
+        )
+        cases.append(
+            Case(
+                "disk put new key (incl. digest)",
+                impl,
+                "s.put(dg(('new', next(c))), v)",
+                env,
+                check_put,
+                baseline=name.startswith("sqlite"),
+            )
+        )
+    return cases
+
+
+def launch_section(quick: bool) -> SectionResult:
+    """GPU launch overhead: Triton fn[grid] vs the jitkey binding vs CompiledKernel.run vs torch.add."""
+    try:
+        import torch
+    except ImportError:
+        return Skipped("launch", "torch is not installed")
+    if not torch.cuda.is_available():
+        return Skipped(
+            "launch", "no CUDA GPU here (torch.cuda.is_available() is False); run on an NVIDIA GPU"
+        )
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return Skipped("launch", "triton is not installed")
+    from jitkey import triton_bench
+
+    batches, launches = (20, 100) if quick else (100, 200)
+    return LaunchRun(lambda: triton_bench.run_bench(batches, launches), batches, launches)
+
+
+@dataclasses.dataclass
+class LaunchRun:
+    """A section that times itself (GPU launches need syncs between batches, not timeit)."""
+
+    run: Callable[[], dict[str, Any]]
+    batches: int
+    launches: int
+
+    def results(self) -> list[Result]:
+        res = self.run()  # each implementation's output is checked against torch before timing
+        out: list[Result] = []
+        for row in res["results"]:
+            group = f"launch/{row['case']}"
+            for impl, (lo, hi) in row["spread"].items():
+                out.append(
+                    Result(
+                        section="launch",
+                        group=group,
+                        impl=impl if impl != "jitkey" else f"jitkey bind ({res['keyer']} keyer)",
+                        median_ns=row[impl] * 1000,
+                        min_ns=lo * 1000,
+                        max_ns=hi * 1000,
+                        repeats=self.batches,
+                        number=self.launches,
+                        baseline=impl == "triton fn[grid]",
+                        unit="us",
+                    )
+                )
+        set_ratios(out)
+        return out
+
+
 SECTIONS: dict[str, Callable[[bool], SectionResult]] = {
     "key": key_section,
     "cache": cache_section,
+    "disk": disk_section,
+    "launch": launch_section,
 }
