@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from jitkey import errors
+from jitkey import errors, rules
 from jitkey._core import (
     DIGEST_DOMAIN,
     FORMAT_VERSION,
     MAX_DEPTH,
+    MISS,
     LruCache,
+    Signature,
     __version__,
     digest,
     digest_encoding,
@@ -21,7 +23,9 @@ __all__ = [
     "FORMAT_VERSION",
     "MAX_DEPTH",
     "JitKeyError",
+    "MISS",
     "LruCache",
+    "Signature",
     "UnsupportedKeyError",
     "__version__",
     "digest",
@@ -29,4 +33,5 @@ __all__ = [
     "encode",
     "errors",
     "fast_hash",
+    "rules",
 ]

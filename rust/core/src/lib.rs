@@ -6,8 +6,10 @@
 //! * [`key`]: the canonical, injective, versioned key encoding, its blake2b-256 digest and the
 //!   per-process seeded fast hash used by in-memory tables.
 //! * [`lru`]: the bounded concurrent cache (key encoding → value) behind `jitkey.LruCache`.
+//! * [`signature`]: signature plans (per-parameter rules), their leaves and a decoder for them.
 
 pub mod key;
 pub mod lru;
+pub mod signature;
 
 pub use key::{digest, Encoder, FastHashState, KeyError, Value};

@@ -3,3 +3,5 @@
 pyo3::import_exception!(jitkey.errors, UnsupportedKeyError);
 pyo3::import_exception!(jitkey.errors, KeyDepthError);
 pyo3::import_exception!(jitkey.errors, KeyLengthError);
+pyo3::import_exception!(jitkey.errors, ArgumentError);
+pyo3::import_exception!(jitkey.errors, SignatureError);

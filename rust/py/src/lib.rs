@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 mod errors;
 mod keys;
 mod lru;
+mod signature;
 
 #[pymodule(gil_used = false)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -14,5 +15,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DIGEST_DOMAIN", pyo3::types::PyBytes::new(m.py(), jitkey_core::key::DIGEST_DOMAIN))?;
     keys::register(m)?;
     lru::register(m)?;
+    signature::register(m)?;
     Ok(())
 }
