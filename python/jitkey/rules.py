@@ -25,7 +25,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 __all__ = [
     "HELION_INT32_INDEX_LIMIT",
@@ -118,10 +118,12 @@ class FloatRule(_RuleBase):
 
 @dataclass(frozen=True)
 class BoolRule(_RuleBase):
-    """A ``bool``, by value (``1`` is not accepted)."""
+    """A ``bool`` (``1`` is not accepted): by value, or (``value=False``) by type only."""
+
+    value: bool = True
 
     def __jitkey_rule__(self) -> Spec:
-        return ("bool",)
+        return ("bool", self.value)
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ class ByTypeRule(_RuleBase):
     tensor: TensorRule | None = None
     int_: IntRule | None = None
     float_: FloatRule | None = None
-    bool_: bool = False
+    bool_: BoolRule | None = None
     none: bool = False
     tuples: bool = False
     lists: bool = False
@@ -179,7 +181,7 @@ class ByTypeRule(_RuleBase):
             None if self.tensor is None else self.tensor.__jitkey_rule__(),
             None if self.int_ is None else self.int_.__jitkey_rule__(),
             None if self.float_ is None else self.float_.__jitkey_rule__(),
-            self.bool_,
+            None if self.bool_ is None else self.bool_.__jitkey_rule__(),
             self.none,
             self.tuples,
             self.lists,
@@ -187,11 +189,11 @@ class ByTypeRule(_RuleBase):
         )
 
 
-Rule = Union[
-    TensorRule, IntRule, FloatRule, BoolRule, NoneRule, ConstexprRule, AnyRule, IgnoreRule, ByTypeRule
-]
+Rule = (
+    TensorRule | IntRule | FloatRule | BoolRule | NoneRule | ConstexprRule | AnyRule | IgnoreRule | ByTypeRule
+)
 #: A signature parameter: ``(name, rule)`` or ``(name, rule, default)``.
-Param = Union[tuple[str, Rule], tuple[str, Rule, Any]]
+Param = tuple[str, Rule] | tuple[str, Rule, Any]
 
 
 def tensor(
@@ -241,9 +243,9 @@ def float_(*, value: bool = False) -> FloatRule:
     return FloatRule(value)
 
 
-def bool_() -> BoolRule:
-    """A bool parameter (keyed by value; ints are refused)."""
-    return BoolRule()
+def bool_(*, value: bool = True) -> BoolRule:
+    """A bool parameter, by value or (``value=False``) by type only; ints are refused."""
+    return BoolRule(value)
 
 
 def none() -> NoneRule:
@@ -271,7 +273,7 @@ def by_type(
     tensor: TensorRule | None = None,
     int_: IntRule | None = None,
     float_: FloatRule | None = None,
-    bool_: bool = False,
+    bool_: BoolRule | None = None,
     none: bool = False,
     tuples: bool = False,
     lists: bool = False,
@@ -289,14 +291,15 @@ def triton_value(*, specialize: bool = True, align: bool = True) -> ByTypeRule:
 
     tensor → dtype (+ 16-byte alignment of ``data_ptr()`` when ``specialize and align``);
     int → range class i32/i64/u64, ``== 1`` and ``% 16 == 0`` (per ``specialize``/``align``);
-    bool → u1; float → fp32 (type only); None; tuples recursively. The device is not keyed here:
+    bool → u1 and float → fp32 (type only: Triton never specializes their values); None; tuples
+    recursively. The device is not keyed here:
     Triton keys on the *current* device, which the caller folds in (see :func:`triton`).
     """
     return ByTypeRule(
         tensor=TensorRule(dtype=True, align=16 if (specialize and align) else None, device=None),
         int_=IntRule("triton", specialize, align),
         float_=FloatRule(False),
-        bool_=True,
+        bool_=BoolRule(False),
         none=True,
         tuples=True,
     )
@@ -397,7 +400,10 @@ def triton(
             raise TypeError(f"unknown option(s) for parameter {name!r}: {sorted(unknown)}")
         is_c = bool(opts.get("constexpr", False))
         rule = _triton_rule(
-            is_c, i in dns_set or name in dns_set, i in dnsa_set or name in dnsa_set, opts.get("annotation", "")
+            is_c,
+            i in dns_set or name in dns_set,
+            i in dnsa_set or name in dnsa_set,
+            opts.get("annotation", ""),
         )
         if is_c:
             constexprs.append(name)
@@ -416,8 +422,7 @@ def helion_value(*, static_shapes: bool = True) -> ByTypeRule:
 
     tensor → dtype and device type, plus exact sizes and strides (``static_shapes=True``) or every
     size bucketed to ``min(size, 2)`` with the ``numel() > 2**31 - 1`` flag (dynamic shapes);
-    int / float → type only; bool by value (Helion keys it by type: finer, never coarser); None;
-    str, dtype, device and other keyable values by value;
+    int / float / bool → type only; None; str, dtype, device and other keyable values by value;
     tuples and lists recursively (with their type).
     """
     t = (
@@ -429,7 +434,7 @@ def helion_value(*, static_shapes: bool = True) -> ByTypeRule:
         tensor=t,
         int_=IntRule("type"),
         float_=FloatRule(False),
-        bool_=False,
+        bool_=BoolRule(False),
         none=True,
         tuples=True,
         lists=True,
@@ -455,9 +460,7 @@ def helion(
     if callable(names) and not isinstance(names, (list, tuple)):
         sig = inspect.signature(names)
         defaults = {
-            **{
-                n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty
-            },
+            **{n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty},
             **(defaults or {}),
         }
         names = list(sig.parameters)

@@ -23,6 +23,7 @@
 //! | `0x13` | int, keyed by type only | – |
 //! | `0x14` | float, keyed by type only | – |
 //! | `0x15` | list (by-type rules) | u32 LE item count, then each item |
+//! | `0x16` | bool, keyed by type only | – |
 //!
 //! Rules keyed by value (int value, float value, bool, None, constexpr, any) write plain v1 leaves.
 
@@ -42,6 +43,8 @@ pub mod tag {
     pub const FLOAT_TYPE: u8 = 0x14;
     /// A list (by-type rules with sequences).
     pub const LIST: u8 = 0x15;
+    /// A bool keyed by type only.
+    pub const BOOL_TYPE: u8 = 0x16;
 }
 
 /// Version of the plan description written into every header.
@@ -122,8 +125,8 @@ pub struct ByType {
     pub int: Option<IntMode>,
     /// Floats: `Some(true)` keys the value, `Some(false)` the type.
     pub float: Option<bool>,
-    /// Bools by value.
-    pub bool_: bool,
+    /// Bools: `Some(true)` keys the value, `Some(false)` the type.
+    pub bool_: Option<bool>,
     /// `None`.
     pub none: bool,
     /// Exact tuples (and lists) recursively, with this same rule.
@@ -146,8 +149,11 @@ pub enum Rule {
         /// Key the value.
         value: bool,
     },
-    /// A bool by value.
-    Bool,
+    /// A bool: `value` keys it, else only its type.
+    Bool {
+        /// Key the value.
+        value: bool,
+    },
     /// Must be `None`.
     NoneValue,
     /// A compile-time constant: any keyable value, tagged with its type.
@@ -208,7 +214,7 @@ impl Rule {
                 m.describe(out);
             }
             Rule::Float { value } => out.extend_from_slice(&[3, u8::from(*value)]),
-            Rule::Bool => out.push(4),
+            Rule::Bool { value } => out.extend_from_slice(&[4, u8::from(*value)]),
             Rule::NoneValue => out.push(5),
             Rule::Constexpr => out.push(6),
             Rule::Any => out.push(7),
@@ -234,8 +240,12 @@ impl Rule {
                     Some(false) => 1,
                     Some(true) => 2,
                 });
+                out.push(match b.bool_ {
+                    None => 0,
+                    Some(false) => 1,
+                    Some(true) => 2,
+                });
                 out.extend_from_slice(&[
-                    u8::from(b.bool_),
                     u8::from(b.none),
                     u8::from(b.tuples),
                     u8::from(b.lists),
@@ -500,9 +510,14 @@ fn decode_rule(r: &mut Reader<'_>, rule: &Rule, out: &mut Vec<Component>) -> Res
             out.push(("kind", Value::Str("float".into())));
             Ok(())
         }
+        Rule::Bool { value: false } => {
+            r.expect(tag::BOOL_TYPE)?;
+            out.push(("kind", Value::Str("bool".into())));
+            Ok(())
+        }
         Rule::Int(IntMode::Value)
         | Rule::Float { value: true }
-        | Rule::Bool
+        | Rule::Bool { value: true }
         | Rule::NoneValue
         | Rule::Constexpr
         | Rule::Any => {
@@ -534,6 +549,11 @@ fn decode_by_type(r: &mut Reader<'_>, b: &ByType, out: &mut Vec<Component>) -> R
         tag::FLOAT_TYPE => {
             r.pos += 1;
             out.push(("kind", Value::Str("float".into())));
+            Ok(())
+        }
+        tag::BOOL_TYPE => {
+            r.pos += 1;
+            out.push(("kind", Value::Str("bool".into())));
             Ok(())
         }
         vtag::TUPLE | tag::LIST if b.tuples => {

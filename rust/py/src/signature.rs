@@ -292,13 +292,18 @@ fn parse_spec(spec: &Bound<'_, PyAny>, param: &str) -> PyResult<Rule> {
             }
             Ok(Rule::Float { value: get_bool(spec, 1, param)? })
         }
-        "bool" => fixed(1, Rule::Bool),
+        "bool" => {
+            if spec.len() != 2 {
+                return Err(spec_err(param, format!("bool rule spec needs 2 items, got {spec}")));
+            }
+            Ok(Rule::Bool { value: get_bool(spec, 1, param)? })
+        }
         "none" => fixed(1, Rule::NoneValue),
         "constexpr" => fixed(1, Rule::Constexpr),
         "any" => fixed(1, Rule::Any),
         "ignore" => fixed(1, Rule::Ignore),
         "by_type" => {
-            // ("by_type", tensor|None, int|None, float|None, bool, none, tuples, lists, any)
+            // ("by_type", tensor|None, int|None, float|None, bool|None, none, tuples, lists, any)
             if spec.len() != 9 {
                 return Err(spec_err(param, format!("by_type rule spec needs 9 items, got {spec}")));
             }
@@ -320,11 +325,18 @@ fn parse_spec(spec: &Bound<'_, PyAny>, param: &str) -> PyResult<Rule> {
                     _ => return Err(spec_err(param, "by_type float alternative must be a float rule")),
                 },
             };
+            let bool_ = match opt(4)? {
+                None => None,
+                Some(t) => match parse_spec(t.as_any(), param)? {
+                    Rule::Bool { value } => Some(value),
+                    _ => return Err(spec_err(param, "by_type bool alternative must be a bool rule")),
+                },
+            };
             let b = ByType {
                 tensor,
                 int,
                 float,
-                bool_: get_bool(spec, 4, param)?,
+                bool_,
                 none: get_bool(spec, 5, param)?,
                 tuples: get_bool(spec, 6, param)?,
                 lists: get_bool(spec, 7, param)?,
@@ -542,6 +554,16 @@ fn encode_float(value: bool, obj: &Bound<'_, PyAny>, enc: &mut Encoder) {
     }
 }
 
+#[inline]
+fn encode_bool(value: bool, ptr: *mut ffi::PyObject, enc: &mut Encoder) {
+    if value {
+        // SAFETY: comparing against the True singleton.
+        enc.bool(ptr == unsafe { ffi::Py_True() });
+    } else {
+        enc.raw_u8(stag::BOOL_TYPE);
+    }
+}
+
 fn encode_keyable(obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> FResult {
     encode_into(obj, enc).map_err(|e| Fail::py(e.into_pyerr(obj.py(), "value")))
 }
@@ -571,11 +593,11 @@ fn encode_rule(rule: &Rule, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> FResul
             encode_float(*value, obj, enc);
             Ok(())
         }
-        Rule::Bool => {
+        Rule::Bool { value } => {
             if !is_bool {
                 return Err(Fail::wrong_type(obj, "a bool"));
             }
-            enc.bool(ptr == unsafe { ffi::Py_True() });
+            encode_bool(*value, ptr, enc);
             Ok(())
         }
         Rule::NoneValue => {
@@ -597,8 +619,8 @@ fn encode_by_type(b: &ByType, obj: &Bound<'_, PyAny>, enc: &mut Encoder, depth: 
     let tp = unsafe { ffi::Py_TYPE(ptr) };
     unsafe {
         if std::ptr::eq(tp, addr_of_mut!(ffi::PyBool_Type)) {
-            if b.bool_ {
-                enc.bool(ptr == ffi::Py_True());
+            if let Some(v) = b.bool_ {
+                encode_bool(v, ptr, enc);
                 return Ok(());
             }
         } else if ffi::PyLong_Check(ptr) != 0 {
@@ -660,7 +682,7 @@ fn expected_types(b: &ByType) -> String {
     if b.float.is_some() {
         v.push("float");
     }
-    if b.bool_ {
+    if b.bool_.is_some() {
         v.push("bool");
     }
     if b.none {
