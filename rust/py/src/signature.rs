@@ -916,6 +916,7 @@ impl Signature {
         format!("Signature({})", self.names.join(", "))
     }
 
+    #[pyo3(signature = (args, /))]
     fn encode<'py>(&self, args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyBytes>> {
         with_encoder(|enc| {
             self.encode_args(args, enc)?;
@@ -923,6 +924,7 @@ impl Signature {
         })
     }
 
+    #[pyo3(signature = (args, /))]
     fn digest<'py>(&self, args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyBytes>> {
         with_encoder(|enc| {
             self.encode_args(args, enc)?;
@@ -930,6 +932,7 @@ impl Signature {
         })
     }
 
+    #[pyo3(signature = (args, /))]
     fn fast_hash(&self, args: &Bound<'_, PyTuple>) -> PyResult<u64> {
         with_encoder(|enc| {
             self.encode_args(args, enc)?;
@@ -937,6 +940,7 @@ impl Signature {
         })
     }
 
+    #[pyo3(signature = (cache, args, /))]
     fn lookup<'py>(
         &self,
         cache: &Bound<'py, PyLruCache>,
@@ -951,6 +955,7 @@ impl Signature {
         Ok(hit.unwrap_or_else(|| miss(py).bind(py).clone().into_any()))
     }
 
+    #[pyo3(signature = (cache, args, value, /))]
     fn insert(
         &self,
         cache: &Bound<'_, PyLruCache>,
@@ -968,6 +973,7 @@ impl Signature {
     /// Not single-flight yet: built on `get_encoded` + `insert_encoded` until the cache grows
     /// `get_or_insert_encoded`; the factory runs outside every lock, and a concurrent insert of the
     /// same key simply wins or loses the race (the returned value is the one stored by this call).
+    #[pyo3(signature = (cache, args, factory, /))]
     fn get_or_insert<'py>(
         &self,
         cache: &Bound<'py, PyLruCache>,
@@ -992,6 +998,7 @@ impl Signature {
         Ok(value)
     }
 
+    #[pyo3(signature = (args, /))]
     fn flatten<'py>(&self, args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyTuple>> {
         let py = args.py();
         let bytes = with_encoder(|enc| self.encode_args(args, enc).map(|()| enc.as_bytes().to_vec()))?;
@@ -1004,6 +1011,7 @@ impl Signature {
         PyTuple::new(py, out)
     }
 
+    #[pyo3(signature = (args_a, args_b, /))]
     fn explain(&self, args_a: &Bound<'_, PyTuple>, args_b: &Bound<'_, PyTuple>) -> PyResult<Vec<String>> {
         let py = args_a.py();
         let a = with_encoder(|enc| self.encode_args(args_a, enc).map(|()| enc.as_bytes().to_vec()))?;
