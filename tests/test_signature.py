@@ -347,3 +347,16 @@ def test_repr_len_names() -> None:
     assert sig.names == ("x", "n", "BLOCK")
     assert sig.extra == ("kernel", 7)
     assert Signature([]).encode(()) == Signature([]).header
+
+
+def test_device_cache_distinguishes_devices() -> None:
+    """Devices are resolved through a table of canonical torch.device objects; check it stays exact."""
+    sig = Signature([("x", rules.tensor(align=None))])
+    cpu, meta = torch.zeros(2), torch.zeros(2, device="meta")
+    for _ in range(3):  # first call fills the table, later calls hit it
+        assert sig.flatten((cpu,))[1] == ("tensor", "float32", "cpu")
+        assert sig.flatten((meta,))[1] == ("tensor", "float32", "meta")
+    assert sig.encode((cpu,)) != sig.encode((meta,))
+    typed = Signature([("x", rules.tensor(align=None, device="type"))])
+    assert typed.flatten((meta,))[1] == ("tensor", "float32", "meta")
+    assert typed.encode((cpu,)) != typed.encode((meta,))

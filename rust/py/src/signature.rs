@@ -134,6 +134,86 @@ fn dtype_name_slow(d: &Bound<'_, PyAny>) -> Result<&'static str, Fail> {
     Err(Fail::msg("more distinct torch.dtype objects than jitkey's table holds".into()))
 }
 
+const DEVICE_SLOTS: usize = 64;
+/// Canonical `torch.device` objects (kept alive forever), published after their (type, index).
+static DEVICE_PTRS: [AtomicUsize; DEVICE_SLOTS] = [const { AtomicUsize::new(0) }; DEVICE_SLOTS];
+static DEVICE_VALS: [OnceLock<(Box<str>, i64)>; DEVICE_SLOTS] = [const { OnceLock::new() }; DEVICE_SLOTS];
+static DEVICE_TYPE: AtomicPtr<ffi::PyTypeObject> = AtomicPtr::new(std::ptr::null_mut());
+
+/// `(type, index)` of a `torch.device` (index −1 when it has none).
+///
+/// `tensor.device` builds a new object per call and reading `.type` from it costs ~250 ns (it
+/// builds a str), so devices are compared with torch's C-level `==` against a small table of
+/// canonical device objects seen before. `==` is only used on exact `torch.device` objects, so no
+/// Python code runs.
+#[inline]
+fn device_of(dev: &Bound<'_, PyAny>) -> Result<(&'static str, i64), Fail> {
+    // SAFETY: live object; the cached type is kept alive forever.
+    let tp = unsafe { ffi::Py_TYPE(dev.as_ptr()) };
+    if tp == DEVICE_TYPE.load(Ordering::Acquire) {
+        for (i, slot) in DEVICE_PTRS.iter().enumerate() {
+            let p = slot.load(Ordering::Acquire);
+            if p == 0 {
+                break;
+            }
+            // SAFETY: both are live exact torch.device objects (published slots are never freed).
+            let eq =
+                unsafe { ffi::PyObject_RichCompareBool(dev.as_ptr(), p as *mut ffi::PyObject, ffi::Py_EQ) };
+            if eq == 1 {
+                let (ty, idx) = DEVICE_VALS[i].get().expect("published after its value");
+                return Ok((ty, *idx));
+            }
+            if eq < 0 {
+                return Err(Fail::py(PyErr::fetch(dev.py())));
+            }
+        }
+    }
+    device_of_slow(dev)
+}
+
+#[cold]
+fn device_of_slow(dev: &Bound<'_, PyAny>) -> Result<(&'static str, i64), Fail> {
+    let py = dev.py();
+    let ty = dev.get_type();
+    let module: String = ty.getattr(intern!(py, "__module__")).and_then(|m| m.extract()).map_err(Fail::py)?;
+    if module != "torch" || ty.name().map_err(Fail::py)?.to_str().map_err(Fail::py)? != "device" {
+        return Err(Fail::msg(format!("tensor.device is not a torch.device (got {})", type_name(dev))));
+    }
+    let type_str = dev.getattr(intern!(py, "type")).map_err(Fail::py)?;
+    let type_str: String = type_str.extract().map_err(Fail::py)?;
+    if type_str.is_empty() || type_str.len() > 255 || !type_str.is_ascii() {
+        return Err(Fail::msg(format!("unusable device type {type_str:?}")));
+    }
+    let idx = dev.getattr(intern!(py, "index")).map_err(Fail::py)?;
+    let idx = if idx.is_none() { -1 } else { idx.extract::<i64>().map_err(Fail::py)? };
+    let tp = ty.as_ptr().cast::<ffi::PyTypeObject>();
+    let _guard = DEVICE_LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if DEVICE_TYPE.load(Ordering::Acquire).is_null() {
+        std::mem::forget(ty.clone().unbind());
+        DEVICE_TYPE.store(tp, Ordering::Release);
+    }
+    for (i, slot) in DEVICE_PTRS.iter().enumerate() {
+        if slot.load(Ordering::Acquire) == 0 {
+            let v = DEVICE_VALS[i].get_or_init(|| (type_str.clone().into(), idx));
+            std::mem::forget(dev.clone().unbind());
+            slot.store(dev.as_ptr() as usize, Ordering::Release);
+            return Ok((&v.0, v.1));
+        }
+    }
+    // Table full (more than 64 distinct devices): answer uncached; device type names are few, so
+    // each distinct one is leaked once.
+    static TYPE_NAMES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let mut names = TYPE_NAMES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(n) = names.iter().find(|n| **n == type_str) {
+        return Ok((n, idx));
+    }
+    let leaked: &'static str = Box::leak(type_str.into_boxed_str());
+    names.push(leaked);
+    Ok((leaked, idx))
+}
+
+static DEVICE_LOCK: Mutex<()> = Mutex::new(());
+
 fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type().fully_qualified_name().map_or_else(|_| "<unknown type>".to_owned(), |n| n.to_string())
 }
@@ -411,23 +491,32 @@ fn long_i128(obj: &Bound<'_, PyAny>) -> Option<i128> {
     None
 }
 
-fn read_dims(seq: &Bound<'_, PyAny>, what: &str) -> Result<Vec<i64>, Fail> {
-    let p = seq.as_ptr();
-    // SAFETY: torch.Size / stride() results are tuples (or tuple subclasses); checked here.
-    if unsafe { ffi::PyTuple_Check(p) } == 0 {
+/// The length of a `torch.Size` / stride tuple, checked to be a tuple.
+#[inline]
+fn dims_len(seq: &Bound<'_, PyAny>, what: &str) -> Result<usize, Fail> {
+    // SAFETY: seq is live; torch.Size / stride() results are tuples (or tuple subclasses).
+    if unsafe { ffi::PyTuple_Check(seq.as_ptr()) } == 0 {
         return Err(Fail::msg(format!("tensor {what} is not a tuple ({})", type_name(seq))));
     }
-    let n = unsafe { ffi::PyTuple_Size(p) };
-    let mut out = Vec::with_capacity(n as usize);
+    Ok(unsafe { ffi::PyTuple_Size(seq.as_ptr()) } as usize)
+}
+
+/// Calls `f` with each size of a tuple checked by [`dims_len`] (no allocation).
+#[inline]
+fn for_dims(seq: &Bound<'_, PyAny>, n: usize, what: &str, mut f: impl FnMut(i64)) -> FResult {
     for i in 0..n {
-        // SAFETY: i < n; borrowed item of a tuple we hold.
-        let it = unsafe { ffi::PyTuple_GetItem(p, i) };
+        // SAFETY: i < n = len of a tuple we hold; borrowed item.
+        let it = unsafe { ffi::PyTuple_GetItem(seq.as_ptr(), i as ffi::Py_ssize_t) };
         if unsafe { ffi::PyLong_Check(it) } == 0 {
             return Err(Fail::msg(format!("tensor {what} holds a non-int (symbolic sizes are not keyable)")));
         }
-        out.push(long_i64(it).ok_or_else(|| Fail::msg(format!("tensor {what} out of range")))?);
+        f(long_i64(it).ok_or_else(|| Fail::msg(format!("tensor {what} out of range")))?);
     }
-    Ok(out)
+    Ok(())
+}
+
+fn ndim_u8(n: usize) -> Result<u8, Fail> {
+    u8::try_from(n).map_err(|_| Fail::msg("tensor has more than 255 dims".into()))
 }
 
 fn encode_tensor(t: &TensorRule, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> FResult {
@@ -454,37 +543,31 @@ fn encode_tensor(t: &TensorRule, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> F
     let mut ndim: Option<usize> = None;
     if t.shape != ShapeMode::Ignore {
         let s = obj.getattr(intern!(py, "shape")).map_err(Fail::py)?;
-        let dims = read_dims(&s, "shape")?;
-        let n = u8::try_from(dims.len()).map_err(|_| Fail::msg("tensor has more than 255 dims".into()))?;
-        enc.raw_u8(n);
-        ndim = Some(dims.len());
-        if t.shape == ShapeMode::Exact {
-            for d in dims {
+        let n = dims_len(&s, "shape")?;
+        enc.raw_u8(ndim_u8(n)?);
+        let exact = t.shape == ShapeMode::Exact;
+        for_dims(&s, n, "shape", |d| {
+            if exact {
                 enc.raw(&d.to_le_bytes());
-            }
-        } else {
-            for d in dims {
+            } else {
                 enc.raw_u8(core_sig::bucket_dim(d));
             }
-        }
+        })?;
+        ndim = Some(n);
     }
     match t.strides {
         StrideMode::Ignore => {}
         StrideMode::Exact => {
             let s = obj.call_method0(intern!(py, "stride")).map_err(Fail::py)?;
-            let st = read_dims(&s, "stride")?;
+            let n = dims_len(&s, "stride")?;
             match ndim {
-                Some(n) if n != st.len() => {
+                Some(k) if k != n => {
                     return Err(Fail::msg("tensor stride rank differs from its shape".into()))
                 }
                 Some(_) => {}
-                None => enc.raw_u8(
-                    u8::try_from(st.len()).map_err(|_| Fail::msg("tensor has more than 255 dims".into()))?,
-                ),
+                None => enc.raw_u8(ndim_u8(n)?),
             }
-            for d in st {
-                enc.raw(&d.to_le_bytes());
-            }
+            for_dims(&s, n, "stride", |d| enc.raw(&d.to_le_bytes()))?;
         }
         StrideMode::Contiguous => {
             let c = obj.call_method0(intern!(py, "is_contiguous")).map_err(Fail::py)?;
@@ -493,12 +576,9 @@ fn encode_tensor(t: &TensorRule, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> F
     }
     if t.device != DeviceMode::Ignore {
         let dev = obj.getattr(intern!(py, "device")).map_err(Fail::py)?;
-        let ty = dev.getattr(intern!(py, "type")).map_err(Fail::py)?;
-        let ty = ty.cast::<PyString>().map_err(|_| Fail::msg("device.type is not a str".into()))?;
-        write_short(enc, ty.to_str().map_err(Fail::py)?)?;
+        let (ty, idx) = device_of(&dev)?;
+        write_short(enc, ty)?;
         if t.device == DeviceMode::TypeIndex {
-            let idx = dev.getattr(intern!(py, "index")).map_err(Fail::py)?;
-            let idx = if idx.is_none() { -1 } else { idx.extract::<i64>().map_err(Fail::py)? };
             enc.raw(&idx.to_le_bytes());
         }
     }
