@@ -92,7 +92,7 @@ class Signature:
         """Parameter names, in order."""
     @property
     def extra(self) -> Any:
-        """The value folded into every key (``()`` when not given)."""
+        """The value folded into every key (``()`` when ``extra`` was omitted or ``None``)."""
     @property
     def header(self) -> bytes:
         """The bytes every key of this signature starts with."""

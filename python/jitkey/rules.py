@@ -392,7 +392,7 @@ def triton(
         raise TypeError("triton() needs a JITFunction or params=")
     for i, p in enumerate(params):
         if isinstance(p, str):
-            name, opts = p, {}
+            name, opts = p, dict[str, Any]()
         else:
             name, opts = p
         unknown = set(opts) - {"constexpr", "annotation", "default"}
