@@ -831,12 +831,7 @@ impl Signature {
         ArgumentError::new_err(format!("signature takes {expect} arguments, got {n}{missing}"))
     }
 
-    fn decode_py<'py>(
-        &self,
-        py: Python<'py>,
-        bytes: &[u8],
-    ) -> PyResult<(Value, Vec<Vec<core_sig::Component>>)> {
-        let _ = py;
+    fn decode(&self, bytes: &[u8]) -> PyResult<(Value, Vec<Vec<core_sig::Component>>)> {
         core_sig::decode(&self.rules, self.header.len(), bytes)
             .map_err(|e| PyValueError::new_err(e.to_string()))
     }
@@ -1082,7 +1077,7 @@ impl Signature {
     fn flatten<'py>(&self, args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyTuple>> {
         let py = args.py();
         let bytes = with_encoder(|enc| self.encode_args(args, enc).map(|()| enc.as_bytes().to_vec()))?;
-        let (extra, params) = self.decode_py(py, &bytes)?;
+        let (extra, params) = self.decode(&bytes)?;
         let mut out = vec![value_to_py(py, &extra)?];
         for comps in &params {
             let vals = comps.iter().map(|(_, v)| value_to_py(py, v)).collect::<PyResult<Vec<_>>>()?;
@@ -1093,11 +1088,10 @@ impl Signature {
 
     #[pyo3(signature = (args_a, args_b, /))]
     fn explain(&self, args_a: &Bound<'_, PyTuple>, args_b: &Bound<'_, PyTuple>) -> PyResult<Vec<String>> {
-        let py = args_a.py();
         let a = with_encoder(|enc| self.encode_args(args_a, enc).map(|()| enc.as_bytes().to_vec()))?;
         let b = with_encoder(|enc| self.encode_args(args_b, enc).map(|()| enc.as_bytes().to_vec()))?;
-        let (_, pa) = self.decode_py(py, &a)?;
-        let (_, pb) = self.decode_py(py, &b)?;
+        let (_, pa) = self.decode(&a)?;
+        let (_, pb) = self.decode(&b)?;
         let mut out = Vec::new();
         for (i, (ca, cb)) in pa.iter().zip(&pb).enumerate() {
             if ca == cb {
