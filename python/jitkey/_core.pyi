@@ -132,3 +132,9 @@ class Signature:
 
         E.g. ``["x.aligned: True != False", "n.equals_1: False != True"]``; ``[]`` when the keys are equal.
         """
+
+def _install_tensor_layout(layout: dict[str, Any], /) -> bool:
+    """Private: install the tensor layout verified by :mod:`jitkey._tensor_fields` (once per process)."""
+
+def _tensor_layout_installed() -> bool:
+    """Private: whether tensor metadata is read directly from torch's ``TensorImpl``."""

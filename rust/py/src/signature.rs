@@ -67,7 +67,164 @@ fn ensure_tensor_type(py: Python<'_>) -> PyResult<()> {
     let ptr = tensor.as_ptr().cast::<ffi::PyTypeObject>();
     std::mem::forget(tensor.unbind());
     TENSOR_TYPE.store(ptr, Ordering::Release);
+    // Calibrate the direct field reads once; any failure leaves the attribute path in place.
+    py.import("jitkey._tensor_fields")?.getattr("install")?.call0()?;
     Ok(())
+}
+
+// ---- direct TensorImpl reads (installed only after python/jitkey/_tensor_fields.py verified them) --
+
+/// A verified layout of torch's tensor objects (see `_tensor_fields.py` for how it is proven).
+struct Layout {
+    /// `torch.Tensor`, `torch.nn.Parameter` (exact types only take the direct path).
+    types: [usize; 2],
+    impl_vtable: usize,
+    storage_vtable: usize,
+    /// TypeMeta index → (dtype short name, itemsize).
+    dtypes: Vec<Option<(&'static str, u64)>>,
+    pyobj_tensorimpl: usize,
+    impl_storage: usize,
+    storage_data: usize,
+    impl_ndim: usize,
+    impl_sizes: usize,
+    impl_inline_strides: usize,
+    max_inline_dims: usize,
+    impl_storage_offset: usize,
+    impl_numel: usize,
+    impl_dtype: usize,
+}
+
+static LAYOUT: OnceLock<Layout> = OnceLock::new();
+
+/// A tensor whose fields may be read directly: a plain `TensorImpl` of a known dtype.
+struct Direct {
+    imp: *const u8,
+    name: &'static str,
+    itemsize: u64,
+    l: &'static Layout,
+}
+
+#[inline]
+unsafe fn rd(p: *const u8, off: usize) -> usize {
+    // SAFETY: the caller passes an offset inside an object the verified layout describes.
+    unsafe { p.add(off).cast::<usize>().read_unaligned() }
+}
+
+/// The direct view of `obj`, or `None` (then the attribute path is used).
+#[inline]
+fn direct(obj: &Bound<'_, PyAny>) -> Option<Direct> {
+    let l = LAYOUT.get()?;
+    let p = obj.as_ptr().cast::<u8>().cast_const();
+    // SAFETY: obj is live; its exact type is torch.Tensor/Parameter, whose C layout starts with
+    // THPVariable (PyObject_HEAD, then the TensorImpl pointer); the TensorImpl is only read
+    // further once its vtable proves it is a plain TensorImpl, whose field offsets were verified.
+    unsafe {
+        let tp = ffi::Py_TYPE(obj.as_ptr()) as usize;
+        if tp != l.types[0] && tp != l.types[1] {
+            return None;
+        }
+        let imp = rd(p, l.pyobj_tensorimpl) as *const u8;
+        if imp.is_null() || rd(imp, 0) != l.impl_vtable {
+            return None;
+        }
+        let idx = usize::from(imp.add(l.impl_dtype).cast::<u16>().read_unaligned());
+        let (name, itemsize) = (*l.dtypes.get(idx)?)?;
+        Some(Direct { imp, name, itemsize, l })
+    }
+}
+
+impl Direct {
+    /// `data_ptr()`, or `None` if the storage is not a plain `StorageImpl`.
+    #[inline]
+    fn data_ptr(&self) -> Option<u64> {
+        // SAFETY: offsets verified for plain TensorImpl/StorageImpl; the storage is followed only
+        // when non-null and its vtable is the calibrated plain StorageImpl one.
+        unsafe {
+            let sp = rd(self.imp, self.l.impl_storage) as *const u8;
+            if sp.is_null() || rd(sp, 0) != self.l.storage_vtable {
+                return None;
+            }
+            // torch's TensorImpl::data(): nullptr when numel == 0, else data + offset * itemsize
+            // (even for a null data pointer, as meta tensors have).
+            if rd(self.imp, self.l.impl_numel) == 0 {
+                return Some(0);
+            }
+            let data = rd(sp, self.l.storage_data) as u64;
+            let off = rd(self.imp, self.l.impl_storage_offset) as u64;
+            Some(data.wrapping_add(off.wrapping_mul(self.itemsize)))
+        }
+    }
+
+    /// Pointers to `ndim` sizes and strides (`i64`s).
+    #[inline]
+    fn dims(&self) -> (usize, *const i64, *const i64) {
+        // SAFETY: verified SizesAndStrides layout: inline up to `max_inline_dims`, else a heap
+        // array of sizes followed by strides.
+        unsafe {
+            let n = rd(self.imp, self.l.impl_ndim);
+            if n <= self.l.max_inline_dims {
+                (
+                    n,
+                    self.imp.add(self.l.impl_sizes).cast::<i64>(),
+                    self.imp.add(self.l.impl_inline_strides).cast::<i64>(),
+                )
+            } else {
+                let heap = rd(self.imp, self.l.impl_sizes) as *const i64;
+                (n, heap, heap.add(n))
+            }
+        }
+    }
+}
+
+/// `_install_tensor_layout(layout, /)`: called once by `jitkey._tensor_fields.install()`.
+#[pyfunction]
+#[pyo3(signature = (layout, /))]
+fn _install_tensor_layout(layout: &Bound<'_, pyo3::types::PyDict>) -> PyResult<bool> {
+    let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
+        layout.get_item(k)?.ok_or_else(|| PyValueError::new_err(format!("layout lacks {k}")))
+    };
+    let types = get("tensor_types")?;
+    let t0 = types.get_item(0)?;
+    let t1 = types.get_item(1)?;
+    let offs = get("offsets")?;
+    let off = |k: &str| -> PyResult<usize> { offs.get_item(k)?.extract() };
+    let mut dtypes: Vec<Option<(&'static str, u64)>> = Vec::new();
+    for entry in get("dtypes")?.try_iter()? {
+        let (idx, name, size): (usize, String, u64) = entry?.extract()?;
+        if idx > u16::MAX as usize {
+            return Err(PyValueError::new_err("dtype index out of range"));
+        }
+        if dtypes.len() <= idx {
+            dtypes.resize(idx + 1, None);
+        }
+        dtypes[idx] = Some((Box::leak(name.into_boxed_str()), size));
+    }
+    let l = Layout {
+        types: [t0.as_ptr() as usize, t1.as_ptr() as usize],
+        impl_vtable: get("impl_vtable")?.extract()?,
+        storage_vtable: get("storage_vtable")?.extract()?,
+        dtypes,
+        pyobj_tensorimpl: off("pyobj_tensorimpl")?,
+        impl_storage: off("impl_storage")?,
+        storage_data: off("storage_data")?,
+        impl_ndim: off("impl_ndim")?,
+        impl_sizes: off("impl_sizes")?,
+        impl_inline_strides: off("impl_inline_strides")?,
+        max_inline_dims: off("max_inline_dims")?,
+        impl_storage_offset: off("impl_storage_offset")?,
+        impl_numel: off("impl_numel")?,
+        impl_dtype: off("impl_dtype")?,
+    };
+    // The type objects must outlive the cached pointers.
+    std::mem::forget(t0.unbind());
+    std::mem::forget(t1.unbind());
+    Ok(LAYOUT.set(l).is_ok())
+}
+
+/// `_tensor_layout_installed()`: whether tensor fields are read directly.
+#[pyfunction]
+fn _tensor_layout_installed() -> bool {
+    LAYOUT.get().is_some()
 }
 
 #[inline]
@@ -522,11 +679,64 @@ fn ndim_u8(n: usize) -> Result<u8, Fail> {
 fn encode_tensor(t: &TensorRule, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> FResult {
     let py = obj.py();
     enc.raw_u8(stag::TENSOR);
+    let fast = direct(obj);
     if t.dtype {
-        let d = obj.getattr(intern!(py, "dtype")).map_err(Fail::py)?;
-        write_short(enc, dtype_name(&d)?)?;
+        match &fast {
+            Some(f) => write_short(enc, f.name)?,
+            None => {
+                let d = obj.getattr(intern!(py, "dtype")).map_err(Fail::py)?;
+                write_short(enc, dtype_name(&d)?)?;
+            }
+        }
     }
     if t.align != 0 {
+        if let Some(v) = fast.as_ref().and_then(Direct::data_ptr) {
+            enc.raw_u8(u8::from(v & u64::from(t.align - 1) == 0));
+        } else {
+            encode_align_slow(t, obj, enc)?;
+        }
+    }
+    if let Some(f) = &fast {
+        if t.shape != ShapeMode::Ignore || t.strides == StrideMode::Exact {
+            let (n, sizes, strides) = f.dims();
+            let n8 = ndim_u8(n)?;
+            // SAFETY: `dims` returns pointers to `n` sizes and `n` strides of a live TensorImpl.
+            let (sizes, strides) =
+                unsafe { (std::slice::from_raw_parts(sizes, n), std::slice::from_raw_parts(strides, n)) };
+            match t.shape {
+                ShapeMode::Ignore => {}
+                ShapeMode::Exact => {
+                    enc.raw_u8(n8);
+                    for d in sizes {
+                        enc.raw(&d.to_le_bytes());
+                    }
+                }
+                ShapeMode::Bucket => {
+                    enc.raw_u8(n8);
+                    for d in sizes {
+                        enc.raw_u8(core_sig::bucket_dim(*d));
+                    }
+                }
+            }
+            if t.strides == StrideMode::Exact {
+                if t.shape == ShapeMode::Ignore {
+                    enc.raw_u8(n8);
+                }
+                for d in strides {
+                    enc.raw(&d.to_le_bytes());
+                }
+            }
+            return encode_tensor_rest(t, obj, enc, Some(f));
+        }
+    }
+    encode_tensor_dims_slow(t, obj, enc)?;
+    encode_tensor_rest(t, obj, enc, fast.as_ref())
+}
+
+#[inline]
+fn encode_align_slow(t: &TensorRule, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> FResult {
+    let py = obj.py();
+    {
         let p = obj.call_method0(intern!(py, "data_ptr")).map_err(Fail::py)?;
         // SAFETY: p is a live object; checked to be an int.
         let v = unsafe {
@@ -540,6 +750,12 @@ fn encode_tensor(t: &TensorRule, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> F
         }
         enc.raw_u8(u8::from(v & u64::from(t.align - 1) == 0));
     }
+    Ok(())
+}
+
+/// Shape and strides through the attribute path.
+fn encode_tensor_dims_slow(t: &TensorRule, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> FResult {
+    let py = obj.py();
     let mut ndim: Option<usize> = None;
     if t.shape != ShapeMode::Ignore {
         let s = obj.getattr(intern!(py, "shape")).map_err(Fail::py)?;
@@ -569,6 +785,21 @@ fn encode_tensor(t: &TensorRule, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> F
             }
             for_dims(&s, n, "stride", |d| enc.raw(&d.to_le_bytes()))?;
         }
+        StrideMode::Contiguous => {}
+    }
+    Ok(())
+}
+
+/// Contiguity, device and the int64-indexing flag.
+fn encode_tensor_rest(
+    t: &TensorRule,
+    obj: &Bound<'_, PyAny>,
+    enc: &mut Encoder,
+    fast: Option<&Direct>,
+) -> FResult {
+    let py = obj.py();
+    match t.strides {
+        StrideMode::Ignore | StrideMode::Exact => {}
         StrideMode::Contiguous => {
             let c = obj.call_method0(intern!(py, "is_contiguous")).map_err(Fail::py)?;
             enc.raw_u8(u8::from(c.as_ptr() == unsafe { ffi::Py_True() }));
@@ -583,8 +814,11 @@ fn encode_tensor(t: &TensorRule, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> F
         }
     }
     if t.numel_i64 {
-        let n = obj.call_method0(intern!(py, "numel")).map_err(Fail::py)?;
-        let n: i64 = n.extract().map_err(Fail::py)?;
+        let n: i64 = match fast {
+            // SAFETY: verified offset of numel_ in a plain TensorImpl.
+            Some(f) => unsafe { rd(f.imp, f.l.impl_numel) as i64 },
+            None => obj.call_method0(intern!(py, "numel")).map_err(Fail::py)?.extract().map_err(Fail::py)?,
+        };
         enc.raw_u8(u8::from(n > i64::from(i32::MAX)));
     }
     Ok(())
@@ -1119,6 +1353,8 @@ impl Signature {
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_install_tensor_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(_tensor_layout_installed, m)?)?;
     m.add_class::<Signature>()?;
     m.add_class::<Miss>()?;
     m.add("MISS", miss(m.py()).clone_ref(m.py()))?;
