@@ -34,6 +34,7 @@ MAX_INLINE_DIMS = 5
 IMPL_STORAGE_OFFSET = 152
 IMPL_NUMEL = 160
 IMPL_DTYPE = 168  # caffe2::TypeMeta index (u16)
+IMPL_DEVICE = 170  # std::optional<c10::Device>: type (i8), index (i8), has_value (bool)
 THPSTORAGE_IMPL = 16  # THPStorage: PyObject_HEAD, then the StorageImpl*
 
 
@@ -94,6 +95,16 @@ def calibrate(torch: Any) -> dict[str, Any] | None:
             return None
         dtypes[idx] = (short, t.element_size())
 
+    devices: dict[int, str] = {}
+    for dev in ("cpu", "meta"):
+        t = torch.zeros(2, device=dev)
+        impl = _u64(id(t) + PYOBJ_TENSORIMPL)
+        code, index, has = struct.unpack("<bbB", ctypes.string_at(impl + IMPL_DEVICE, 3))
+        want_index = -1 if t.device.index is None else t.device.index
+        if has != 1 or index != want_index or code < 0 or code in devices:
+            return None
+        devices[code] = t.device.type
+
     for t in _probe_tensors(torch):
         if type(t) not in (tensor_t, param_t):
             return None
@@ -125,11 +136,16 @@ def calibrate(torch: Any) -> dict[str, Any] | None:
         strides = tuple(_i64(strides_at + 8 * i) for i in range(ndim))
         if sizes != tuple(t.shape) or strides != tuple(t.stride()):
             return None
+        code, index, has = struct.unpack("<bbB", ctypes.string_at(impl + IMPL_DEVICE, 3))
+        want_index = -1 if t.device.index is None else t.device.index
+        if has != 1 or devices.get(code) != t.device.type or index != want_index:
+            return None
     return {
         "tensor_types": (tensor_t, param_t),
         "impl_vtable": impl_vtable,
         "storage_vtable": storage_vtable,
         "dtypes": sorted((i, n, s) for i, (n, s) in dtypes.items()),
+        "devices": sorted(devices.items()),
         "offsets": {
             "pyobj_tensorimpl": PYOBJ_TENSORIMPL,
             "impl_storage": IMPL_STORAGE,
@@ -141,6 +157,7 @@ def calibrate(torch: Any) -> dict[str, Any] | None:
             "impl_storage_offset": IMPL_STORAGE_OFFSET,
             "impl_numel": IMPL_NUMEL,
             "impl_dtype": IMPL_DTYPE,
+            "impl_device": IMPL_DEVICE,
         },
     }
 

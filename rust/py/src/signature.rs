@@ -92,7 +92,12 @@ struct Layout {
     impl_storage_offset: usize,
     impl_numel: usize,
     impl_dtype: usize,
+    impl_device: usize,
 }
+
+/// c10::DeviceType code → device type name: seeded by calibration (cpu, meta), then learned from
+/// tensors whose device the attribute path resolved (the enum is fixed, so an entry never changes).
+static DEVICE_CODES: [OnceLock<&'static str>; 64] = [const { OnceLock::new() }; 64];
 
 static LAYOUT: OnceLock<Layout> = OnceLock::new();
 
@@ -155,6 +160,27 @@ impl Direct {
         }
     }
 
+    /// `(code, index, has_value)` of the tensor's device.
+    #[inline]
+    fn device_raw(&self) -> (i8, i8, u8) {
+        // SAFETY: verified offset of device_opt_ (three bytes) in a plain TensorImpl.
+        unsafe {
+            let p = self.imp.add(self.l.impl_device);
+            (p.cast::<i8>().read(), p.add(1).cast::<i8>().read(), p.add(2).read())
+        }
+    }
+
+    /// The device as `(type, index)` if its type code is known.
+    #[inline]
+    fn device(&self) -> Option<(&'static str, i64)> {
+        let (code, index, has) = self.device_raw();
+        if has != 1 {
+            return None;
+        }
+        let name = DEVICE_CODES.get(usize::try_from(code).ok()?)?.get()?;
+        Some((name, i64::from(index)))
+    }
+
     /// Pointers to `ndim` sizes and strides (`i64`s).
     #[inline]
     fn dims(&self) -> (usize, *const i64, *const i64) {
@@ -214,7 +240,14 @@ fn _install_tensor_layout(layout: &Bound<'_, pyo3::types::PyDict>) -> PyResult<b
         impl_storage_offset: off("impl_storage_offset")?,
         impl_numel: off("impl_numel")?,
         impl_dtype: off("impl_dtype")?,
+        impl_device: off("impl_device")?,
     };
+    for entry in get("devices")?.try_iter()? {
+        let (code, name): (usize, String) = entry?.extract()?;
+        if let Some(slot) = DEVICE_CODES.get(code) {
+            let _ = slot.set(Box::leak(name.into_boxed_str()));
+        }
+    }
     // The type objects must outlive the cached pointers.
     std::mem::forget(t0.unbind());
     std::mem::forget(t1.unbind());
@@ -806,8 +839,23 @@ fn encode_tensor_rest(
         }
     }
     if t.device != DeviceMode::Ignore {
-        let dev = obj.getattr(intern!(py, "device")).map_err(Fail::py)?;
-        let (ty, idx) = device_of(&dev)?;
+        let (ty, idx) = match fast.and_then(Direct::device) {
+            Some(d) => d,
+            None => {
+                let dev = obj.getattr(intern!(py, "device")).map_err(Fail::py)?;
+                let (ty, idx) = device_of(&dev)?;
+                if let Some(f) = fast {
+                    // Learn this device type's code once the attribute path has named it.
+                    let (code, index, has) = f.device_raw();
+                    if has == 1 && i64::from(index) == idx {
+                        if let Some(slot) = usize::try_from(code).ok().and_then(|c| DEVICE_CODES.get(c)) {
+                            let _ = slot.set(ty);
+                        }
+                    }
+                }
+                (ty, idx)
+            }
+        };
         write_short(enc, ty)?;
         if t.device == DeviceMode::TypeIndex {
             enc.raw(&idx.to_le_bytes());
