@@ -359,11 +359,15 @@ def triton(
     Constexprs are keyed by value *and type* (finer than Triton's own key, where ``1``, ``True``
     and ``1.0`` collide). Defaults are applied when a call leaves trailing parameters out.
 
-    What the key does NOT contain, and the caller must fold in (``extra`` for what is fixed per
-    signature, or trailing parameters for what changes per call): the function's identity
-    (``id(fn)`` or ``fn.cache_key``), the current device index, the launch options passed as
-    keyword arguments (sorted), and the knob state Triton reads per call (``fn.debug or
-    knobs.runtime.debug``, ``knobs.compilation.instrumentation_mode``).
+    What the key does NOT contain, and a binding must fold into ``extra``: the function's identity
+    (``id(fn)`` in memory, ``fn.cache_key`` for persistent keys), the current device index
+    (``torch._C._cuda_getDevice()``, not the tensors' device), the launch options passed as keyword
+    arguments (``tuple(sorted(kwargs.items()))``: num_warps, num_stages, ...), and the knob state
+    Triton folds in per call (``fn.debug or knobs.runtime.debug``,
+    ``knobs.compilation.instrumentation_mode``; on Triton >= 3.7 whether
+    ``knobs.runtime.add_stages_inspection_hook`` is set). ``extra`` is fixed per signature, so a
+    binding keeps one ``Signature`` per distinct (device, options, knobs) tuple (a small dict), and
+    passes every parameter positionally or leaves trailing defaulted ones out.
     """
     dns_set = set(do_not_specialize)
     dnsa_set = set(do_not_specialize_on_alignment)

@@ -68,7 +68,9 @@ fn ensure_tensor_type(py: Python<'_>) -> PyResult<()> {
     std::mem::forget(tensor.unbind());
     TENSOR_TYPE.store(ptr, Ordering::Release);
     // Calibrate the direct field reads once; any failure leaves the attribute path in place.
-    py.import("jitkey._tensor_fields")?.getattr("install")?.call0()?;
+    if let Err(e) = py.import("jitkey._tensor_fields").and_then(|m| m.getattr("install")?.call0()) {
+        drop(e);
+    }
     Ok(())
 }
 
