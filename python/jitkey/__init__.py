@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from jitkey import errors
+from jitkey import errors, rules
 from jitkey._core import (
     DIGEST_DOMAIN,
     FORMAT_VERSION,
     MAX_DEPTH,
+    MISS,
     DiskIndex,
     LruCache,
+    Signature,
     __version__,
     digest,
     digest_encoding,
@@ -24,10 +26,12 @@ __all__ = [
     "DIGEST_DOMAIN",
     "FORMAT_VERSION",
     "MAX_DEPTH",
+    "MISS",
     "DiskIndex",
     "GlobalsGuard",
     "JitKeyError",
     "LruCache",
+    "Signature",
     "UnsupportedKeyError",
     "__version__",
     "digest",
@@ -38,4 +42,5 @@ __all__ = [
     "fast_hash",
     "function_key",
     "function_key_tree",
+    "rules",
 ]

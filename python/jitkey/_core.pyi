@@ -2,7 +2,7 @@
 
 import os
 import pathlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar, final, overload
 
 from typing_extensions import Self
@@ -14,6 +14,8 @@ FORMAT_VERSION: Final[int]
 """Version of the canonical key encoding."""
 MAX_DEPTH: Final[int]
 """Deepest nesting of tuples / ``__jitkey__`` values a key may have."""
+_FAST_LAYOUT: Final[bool]
+"""Private: whether tuple items and cached str hashes are read directly (proven at import)."""
 DIGEST_DOMAIN: Final[bytes]
 """Prefix hashed before every encoding by :func:`digest` (carries the format version)."""
 
@@ -236,3 +238,82 @@ class DiskIndex:
     @classmethod
     def default_directory(cls) -> pathlib.Path | None:
         """The directory used when ``path`` is ``None`` (from the environment)."""
+
+@final
+class _Miss:
+    """The type of :data:`MISS` (falsy; ``repr`` is ``jitkey.MISS``)."""
+
+    def __bool__(self) -> bool: ...
+
+MISS: Final[_Miss]
+"""What :meth:`Signature.lookup` returns when the cache holds no entry for the call (compare with ``is``)."""
+
+@final
+class Signature:
+    """Call arguments → key, compiled once per kernel from per-parameter rules (see :mod:`jitkey.rules`).
+
+    ``params`` is a sequence of ``(name, rule)`` or ``(name, rule, default)`` tuples (parameters with
+    defaults come last and may be left out of a call). ``extra`` is any keyable value folded into
+    every key: the function's identity, device, options, knob state.
+
+    A call's key is a header (tag ``0x10``, the plan's description, then ``extra``'s encoding)
+    followed by one leaf per parameter; the encoding is injective, so equal keys mean equal
+    signatures, extras and per-parameter leaves.
+
+    Raises:
+        jitkey.errors.SignatureError: a malformed parameter or rule, a duplicate name, a required
+            parameter after a defaulted one, or an ``extra`` / default that cannot be keyed.
+    """
+
+    def __new__(cls, params: Sequence[tuple[Any, ...]], *, extra: object = None) -> Signature: ...
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Parameter names, in order."""
+    @property
+    def extra(self) -> Any:
+        """The value folded into every key (``()`` when ``extra`` was omitted or ``None``)."""
+    @property
+    def header(self) -> bytes:
+        """The bytes every key of this signature starts with."""
+    def __len__(self) -> int: ...
+    def encode(self, args: tuple[Any, ...], /) -> bytes:
+        """Return the key of a call (positional arguments as a tuple).
+
+        Raises:
+            jitkey.errors.ArgumentError: wrong argument count, or an argument its rule cannot key
+                (the message names the parameter, e.g. ``parameter 'n': expected an int``).
+        """
+    def digest(self, args: tuple[Any, ...], /) -> bytes:
+        """Return the 32-byte persistent key of a call: blake2b-256 over ``DIGEST_DOMAIN + encode(args)``."""
+    def fast_hash(self, args: tuple[Any, ...], /) -> int:
+        """Return the in-memory 64-bit hash of a call's key (seeded per process)."""
+    def lookup(self, cache: LruCache, args: tuple[Any, ...], /) -> Any:
+        """The hot path: key the call and probe ``cache`` in one native call.
+
+        Returns the cached value, or :data:`MISS`. Builds no Python object on a hit.
+        Raises like :meth:`encode`.
+        """
+    def insert(self, cache: LruCache, args: tuple[Any, ...], value: object, /) -> None:
+        """Store ``value`` in ``cache`` under the call's key."""
+    def get_or_insert(self, cache: LruCache, args: tuple[Any, ...], factory: Callable[[], _T], /) -> Any:
+        """Return the cached value for the call, or call ``factory()``, store and return its result.
+
+        The factory runs with no lock held; an exception from it propagates and stores nothing.
+        Not single-flight yet: two threads missing on one key may both run the factory.
+        """
+    def flatten(self, args: tuple[Any, ...], /) -> tuple[Any, ...]:
+        """The key as a tuple: ``(extra, leaf_0, leaf_1, ...)``, one tuple of components per parameter.
+
+        Holds the same information as :meth:`encode` (tensor dtypes and devices shown as strings).
+        """
+    def explain(self, args_a: tuple[Any, ...], args_b: tuple[Any, ...], /) -> list[str]:
+        """Name the parameters and buckets that make two calls key differently.
+
+        E.g. ``["x.aligned: True != False", "n.equals_1: False != True"]``; ``[]`` when the keys are equal.
+        """
+
+def _install_tensor_layout(layout: dict[str, Any], /) -> bool:
+    """Private: install the tensor layout verified by :mod:`jitkey._tensor_fields` (once per process)."""
+
+def _tensor_layout_installed() -> bool:
+    """Private: whether tensor metadata is read directly from torch's ``TensorImpl``."""

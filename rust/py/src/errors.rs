@@ -6,3 +6,5 @@ pyo3::import_exception!(jitkey.errors, KeyLengthError);
 pyo3::import_exception!(jitkey.errors, IndexClosedError);
 pyo3::import_exception!(jitkey.errors, ValueTooLargeError);
 pyo3::import_exception!(jitkey.errors, DiskIndexWarning);
+pyo3::import_exception!(jitkey.errors, ArgumentError);
+pyo3::import_exception!(jitkey.errors, SignatureError);

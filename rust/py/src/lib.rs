@@ -7,6 +7,7 @@ mod disk;
 mod errors;
 mod keys;
 mod lru;
+mod signature;
 
 #[pymodule(gil_used = false)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -18,5 +19,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     lru::register(m)?;
     #[cfg(unix)]
     disk::register(m)?;
+    signature::register(m)?;
     Ok(())
 }

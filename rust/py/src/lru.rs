@@ -121,7 +121,6 @@ impl PyLruCache {
 
     /// Stores `value` under an encoding. Displaced values are dropped here, after the cache's
     /// locks were released; call it attached to the interpreter (as every pymethod is).
-    #[allow(dead_code, reason = "the Signature layer's entry point")]
     pub(crate) fn insert_encoded(&self, hash: u64, key: &[u8], value: Py<PyAny>) {
         drop(self.inner.insert(hash, key, Slot { value, key: None }));
     }
@@ -147,31 +146,14 @@ impl PyLruCache {
         Ok(out)
     }
 
-    /// The value under an encoding, or the result of `factory` stored under it. Single-flight:
+    /// After a counted miss on an encoding: the result of `factory`, stored under it. Single-flight:
     /// concurrent callers missing on the same key wait (detached) for one factory run and share
     /// its result or its exception; a failed run stores nothing.
     ///
     /// A factory that calls back into this for the *same* key on the same thread gets a
     /// `RuntimeError` (waiting would never end). Two factories waiting on each other's keys from
     /// two threads deadlock, as with any single-flight scheme; do not build such cycles.
-    #[allow(dead_code, reason = "the Signature layer's entry point")]
-    pub(crate) fn get_or_insert_encoded<'py>(
-        &self,
-        py: Python<'py>,
-        hash: u64,
-        key: &[u8],
-        key_obj: Option<&Bound<'py, PyAny>>,
-        factory: impl FnOnce(Python<'py>) -> PyResult<Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        if let Some(v) = self.get_encoded(py, hash, key) {
-            return Ok(v);
-        }
-        self.fill_miss(py, hash, key, key_obj, factory)
-    }
-
-    /// The miss half of [`PyLruCache::get_or_insert_encoded`], for callers that already probed
-    /// (and counted the miss).
-    fn fill_miss<'py>(
+    pub(crate) fn fill_miss<'py>(
         &self,
         py: Python<'py>,
         hash: u64,

@@ -1,0 +1,180 @@
+"""Calibrates jitkey's direct reads of torch's tensor fields, and proves them equal to the attribute path.
+
+``Signature`` reads tensor metadata (dtype, ``data_ptr()``, sizes, strides) either through Python
+attributes (always correct, ~40-100 ns each) or, when this module has installed a verified layout,
+straight from the C++ ``TensorImpl`` behind the Python object (a few ns).
+
+The layout is a *hypothesis* about the installed torch build (the offsets below are those of torch
+2.x on 64-bit Linux). It is installed only if every probe tensor (every dtype, views with storage
+offsets, 0-d to 8-d shapes, transposes, empty and meta tensors) reads back exactly what the
+attribute path says, and the only pointer followed during calibration (TensorImpl → StorageImpl) is
+first confirmed independently through ``untyped_storage()``. At run time the Rust side uses the
+direct path only for objects of exactly ``torch.Tensor`` / ``torch.nn.Parameter`` whose
+``TensorImpl`` and ``StorageImpl`` vtables equal the calibrated plain ones (so sparse, nested,
+functional, batched and other wrapper tensors take the attribute path), and only for dtypes seen
+during calibration. ``JITKEY_TENSOR_FIELDS=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import sys
+from typing import Any
+
+# Offsets (bytes) of the hypothesis, torch 2.x, 64-bit.
+PYOBJ_TENSORIMPL = 16  # THPVariable: PyObject_HEAD, then at::Tensor (a TensorImpl*)
+IMPL_STORAGE = 16  # TensorImpl: vtable, refcounts, then Storage (a StorageImpl*)
+STORAGE_DATA = 16  # StorageImpl: vtable, refcounts, then DataPtr (data pointer first)
+IMPL_NDIM = 64  # SizesAndStrides::size_
+IMPL_SIZES = 72  # inline sizes (ndim <= 5), or a pointer to sizes then strides
+IMPL_INLINE_STRIDES = 112  # inline strides (72 + 5 * 8)
+MAX_INLINE_DIMS = 5
+IMPL_STORAGE_OFFSET = 152
+IMPL_NUMEL = 160
+IMPL_DTYPE = 168  # caffe2::TypeMeta index (u16)
+IMPL_DEVICE = 170  # std::optional<c10::Device>: type (i8), index (i8), has_value (bool)
+THPSTORAGE_IMPL = 16  # THPStorage: PyObject_HEAD, then the StorageImpl*
+
+
+def _u64(addr: int) -> int:
+    return int(struct.unpack("<Q", ctypes.string_at(addr, 8))[0])
+
+
+def _i64(addr: int) -> int:
+    return int(struct.unpack("<q", ctypes.string_at(addr, 8))[0])
+
+
+def _u16(addr: int) -> int:
+    return int(struct.unpack("<H", ctypes.string_at(addr, 2))[0])
+
+
+def _probe_tensors(torch: Any) -> list[Any]:
+    out = []
+    base = torch.arange(2 * 3 * 4 * 5 * 6 * 7 * 2, dtype=torch.float32)
+    out += [base, base[3:], base[5:77:3]]
+    out += [base.view(2, 3, 4, 5, 6, 14), base.view(2, 3, 4, 5, 6, 14).transpose(0, 5)]
+    out += [base.view(2, 3, 4, 5, 6, 7, 2, 1)[1:, :, 2:], base.view(4, 5, 6, 7, 12)[:, 1:]]
+    out += [base[:0], torch.zeros(()), base.view(120, 84).t(), base.view(120, 84)[:, 2:]]
+    out += [torch.zeros(3, 1, 2).expand(3, 5, 2), torch.nn.Parameter(torch.zeros(7))]
+    out += [torch.zeros(5, 3, device="meta")[1:]]
+    return out
+
+
+def calibrate(torch: Any) -> dict[str, Any] | None:
+    """The verified layout, or ``None`` if the hypothesis does not hold for this torch build."""
+    if sys.maxsize != 2**63 - 1 or sys.byteorder != "little":
+        return None
+    tensor_t, param_t = torch.Tensor, torch.nn.Parameter
+    plain = torch.zeros(4)
+    impl_vtable = _u64(_u64(id(plain) + PYOBJ_TENSORIMPL))
+    storage = plain.untyped_storage()
+    storage_ptr = _u64(id(storage) + THPSTORAGE_IMPL)
+    if storage_ptr != _u64(_u64(id(plain) + PYOBJ_TENSORIMPL) + IMPL_STORAGE):
+        return None
+    if _u64(storage_ptr + STORAGE_DATA) != storage.data_ptr():
+        return None
+    storage_vtable = _u64(storage_ptr)
+
+    dtypes: dict[int, tuple[str, int]] = {}
+    for name in dir(torch):
+        dt = getattr(torch, name)
+        if not isinstance(dt, torch.dtype) or dt.is_complex:
+            continue
+        try:
+            t = torch.empty(2, dtype=dt)
+        except (RuntimeError, TypeError):
+            continue
+        impl = _u64(id(t) + PYOBJ_TENSORIMPL)
+        if _u64(impl) != impl_vtable:
+            continue  # e.g. quantized dtypes live in another TensorImpl class: attribute path
+        idx = _u16(impl + IMPL_DTYPE)
+        short = str(dt).removeprefix("torch.")
+        if idx in dtypes and dtypes[idx][0] != short:
+            return None
+        dtypes[idx] = (short, t.element_size())
+
+    devices: dict[int, str] = {}
+    for dev in ("cpu", "meta"):
+        t = torch.zeros(2, device=dev)
+        impl = _u64(id(t) + PYOBJ_TENSORIMPL)
+        code, index, has = struct.unpack("<bbB", ctypes.string_at(impl + IMPL_DEVICE, 3))
+        want_index = -1 if t.device.index is None else t.device.index
+        if has != 1 or index != want_index or code < 0 or code in devices:
+            return None
+        devices[code] = t.device.type
+
+    for t in _probe_tensors(torch):
+        if type(t) not in (tensor_t, param_t):
+            return None
+        impl = _u64(id(t) + PYOBJ_TENSORIMPL)
+        if _u64(impl) != impl_vtable:
+            return None
+        st = t.untyped_storage()
+        sptr = _u64(id(st) + THPSTORAGE_IMPL)
+        if sptr != _u64(impl + IMPL_STORAGE) or _u64(sptr) != storage_vtable:
+            return None
+        name, itemsize = dtypes.get(_u16(impl + IMPL_DTYPE), ("?", 0))
+        if name != str(t.dtype).removeprefix("torch."):
+            return None
+        off = _i64(impl + IMPL_STORAGE_OFFSET)
+        if off != t.storage_offset() or _i64(impl + IMPL_NUMEL) != t.numel():
+            return None
+        data = _u64(sptr + STORAGE_DATA)
+        if (data + off * itemsize if t.numel() else 0) != t.data_ptr():  # torch: empty -> nullptr
+            return None
+        ndim = _i64(impl + IMPL_NDIM)
+        if ndim != t.dim():
+            return None
+        if ndim <= MAX_INLINE_DIMS:
+            sizes_at, strides_at = impl + IMPL_SIZES, impl + IMPL_INLINE_STRIDES
+        else:
+            sizes_at = _u64(impl + IMPL_SIZES)
+            strides_at = sizes_at + 8 * ndim
+        sizes = tuple(_i64(sizes_at + 8 * i) for i in range(ndim))
+        strides = tuple(_i64(strides_at + 8 * i) for i in range(ndim))
+        if sizes != tuple(t.shape) or strides != tuple(t.stride()):
+            return None
+        code, index, has = struct.unpack("<bbB", ctypes.string_at(impl + IMPL_DEVICE, 3))
+        want_index = -1 if t.device.index is None else t.device.index
+        if has != 1 or devices.get(code) != t.device.type or index != want_index:
+            return None
+    return {
+        "tensor_types": (tensor_t, param_t),
+        "impl_vtable": impl_vtable,
+        "storage_vtable": storage_vtable,
+        "dtypes": sorted((i, n, s) for i, (n, s) in dtypes.items()),
+        "devices": sorted(devices.items()),
+        "offsets": {
+            "pyobj_tensorimpl": PYOBJ_TENSORIMPL,
+            "impl_storage": IMPL_STORAGE,
+            "storage_data": STORAGE_DATA,
+            "impl_ndim": IMPL_NDIM,
+            "impl_sizes": IMPL_SIZES,
+            "impl_inline_strides": IMPL_INLINE_STRIDES,
+            "max_inline_dims": MAX_INLINE_DIMS,
+            "impl_storage_offset": IMPL_STORAGE_OFFSET,
+            "impl_numel": IMPL_NUMEL,
+            "impl_dtype": IMPL_DTYPE,
+            "impl_device": IMPL_DEVICE,
+        },
+    }
+
+
+def install() -> bool:
+    """Calibrate and hand the layout to the Rust side; returns whether the direct path is on."""
+    from jitkey import _core
+
+    if os.environ.get("JITKEY_TENSOR_FIELDS", "1") == "0":
+        return False
+    import torch
+
+    try:
+        layout = calibrate(torch)
+    except Exception:  # any surprise means: keep the attribute path
+        return False
+    if layout is None:
+        return False
+    _core._install_tensor_layout(layout)
+    return True
