@@ -162,8 +162,9 @@ class IgnoreRule(_RuleBase):
 class ByTypeRule(_RuleBase):
     """Dispatch on the argument's type (for dynamically typed parameters, as Triton's and Helion's).
 
-    ``bool`` is checked before ``int``. ``tuples`` (and ``lists``) recurse with this same rule.
-    ``any_`` keys every other keyable type by value. A type with no alternative raises ``ArgumentError``.
+    ``bool`` is checked before ``int``. ``tuples`` (and ``lists``) recurse with ``items`` (default:
+    this same rule). ``any_`` keys every other keyable type by value. A type with no alternative
+    raises ``ArgumentError``.
     """
 
     tensor: TensorRule | None = None
@@ -174,6 +175,7 @@ class ByTypeRule(_RuleBase):
     tuples: bool = False
     lists: bool = False
     any_: bool = False
+    items: ByTypeRule | None = None
 
     def __jitkey_rule__(self) -> Spec:
         return (
@@ -186,6 +188,7 @@ class ByTypeRule(_RuleBase):
             self.tuples,
             self.lists,
             self.any_,
+            None if self.items is None else self.items.__jitkey_rule__(),
         )
 
 
@@ -278,9 +281,10 @@ def by_type(
     tuples: bool = False,
     lists: bool = False,
     any_: bool = False,
+    items: ByTypeRule | None = None,
 ) -> ByTypeRule:
     """A parameter whose rule depends on the argument's type (see :class:`ByTypeRule`)."""
-    return ByTypeRule(tensor, int_, float_, bool_, none, tuples, lists, any_)
+    return ByTypeRule(tensor, int_, float_, bool_, none, tuples, lists, any_, items)
 
 
 # ---- Triton ------------------------------------------------------------------------------------
@@ -292,9 +296,11 @@ def triton_value(*, specialize: bool = True, align: bool = True) -> ByTypeRule:
     tensor → dtype (+ 16-byte alignment of ``data_ptr()`` when ``specialize and align``);
     int → range class i32/i64/u64, ``== 1`` and ``% 16 == 0`` (per ``specialize``/``align``);
     bool → u1 and float → fp32 (type only: Triton never specializes their values); None; tuples
-    recursively. The device is not keyed here:
+    recursively, their members always fully specialized (as Triton's binder does, even under
+    ``do_not_specialize``). The device is not keyed here:
     Triton keys on the *current* device, which the caller folds in (see :func:`triton`).
     """
+    full = specialize and align
     return ByTypeRule(
         tensor=TensorRule(dtype=True, align=16 if (specialize and align) else None, device=None),
         int_=IntRule("triton", specialize, align),
@@ -302,6 +308,7 @@ def triton_value(*, specialize: bool = True, align: bool = True) -> ByTypeRule:
         bool_=BoolRule(False),
         none=True,
         tuples=True,
+        items=None if full else triton_value(),
     )
 
 

@@ -135,6 +135,9 @@ pub struct ByType {
     pub lists: bool,
     /// Any other keyable value (as `jitkey.encode` keys it).
     pub any: bool,
+    /// The rule for tuple/list items; `None`: this same rule. (Triton specializes the members of
+    /// a tuple fully even where the parameter itself is `do_not_specialize`.)
+    pub items: Option<Box<ByType>>,
 }
 
 /// One parameter's rule.
@@ -221,37 +224,47 @@ impl Rule {
             Rule::Ignore => out.push(8),
             Rule::ByType(b) => {
                 out.push(9);
-                match &b.tensor {
-                    Some(t) => {
-                        out.push(1);
-                        t.describe(out);
-                    }
-                    None => out.push(0),
-                }
-                match b.int {
-                    Some(m) => {
-                        out.push(1);
-                        m.describe(out);
-                    }
-                    None => out.push(0),
-                }
-                out.push(match b.float {
-                    None => 0,
-                    Some(false) => 1,
-                    Some(true) => 2,
-                });
-                out.push(match b.bool_ {
-                    None => 0,
-                    Some(false) => 1,
-                    Some(true) => 2,
-                });
-                out.extend_from_slice(&[
-                    u8::from(b.none),
-                    u8::from(b.tuples),
-                    u8::from(b.lists),
-                    u8::from(b.any),
-                ]);
+                b.describe(out);
             }
+        }
+    }
+}
+
+impl ByType {
+    /// Appends this rule's description (nested item rules included).
+    pub fn describe(&self, out: &mut Vec<u8>) {
+        let b = self;
+        match &b.tensor {
+            Some(t) => {
+                out.push(1);
+                t.describe(out);
+            }
+            None => out.push(0),
+        }
+        match b.int {
+            Some(m) => {
+                out.push(1);
+                m.describe(out);
+            }
+            None => out.push(0),
+        }
+        out.push(match b.float {
+            None => 0,
+            Some(false) => 1,
+            Some(true) => 2,
+        });
+        out.push(match b.bool_ {
+            None => 0,
+            Some(false) => 1,
+            Some(true) => 2,
+        });
+        out.extend_from_slice(&[u8::from(b.none), u8::from(b.tuples), u8::from(b.lists), u8::from(b.any)]);
+        match &b.items {
+            Some(items) => {
+                out.push(1);
+                items.describe(out);
+            }
+            None => out.push(0),
         }
     }
 }
@@ -562,7 +575,7 @@ fn decode_by_type(r: &mut Reader<'_>, b: &ByType, out: &mut Vec<Component>) -> R
             out.push(("len", Value::Int(n as i128)));
             for i in 0..n {
                 let mut inner = Vec::new();
-                decode_by_type(r, b, &mut inner)?;
+                decode_by_type(r, b.items.as_deref().unwrap_or(b), &mut inner)?;
                 out.push(("item", Value::Tuple(vec![Value::Int(i as i128), components_value(&inner)])));
             }
             Ok(())

@@ -575,9 +575,10 @@ fn parse_spec(spec: &Bound<'_, PyAny>, param: &str) -> PyResult<Rule> {
         "any" => fixed(1, Rule::Any),
         "ignore" => fixed(1, Rule::Ignore),
         "by_type" => {
-            // ("by_type", tensor|None, int|None, float|None, bool|None, none, tuples, lists, any)
-            if spec.len() != 9 {
-                return Err(spec_err(param, format!("by_type rule spec needs 9 items, got {spec}")));
+            // ("by_type", tensor|None, int|None, float|None, bool|None, none, tuples, lists, any
+            //  [, items: by_type spec|None])
+            if spec.len() != 9 && spec.len() != 10 {
+                return Err(spec_err(param, format!("by_type rule spec needs 9 or 10 items, got {spec}")));
             }
             let opt = |i: usize| -> PyResult<Option<Bound<'_, PyTuple>>> {
                 let v = item(spec, i, param)?;
@@ -613,6 +614,13 @@ fn parse_spec(spec: &Bound<'_, PyAny>, param: &str) -> PyResult<Rule> {
                 tuples: get_bool(spec, 6, param)?,
                 lists: get_bool(spec, 7, param)?,
                 any: get_bool(spec, 8, param)?,
+                items: match if spec.len() == 10 { opt(9)? } else { None } {
+                    None => None,
+                    Some(t) => match parse_spec(t.as_any(), param)? {
+                        Rule::ByType(inner) => Some(inner),
+                        _ => return Err(spec_err(param, "by_type items must be a by_type rule")),
+                    },
+                },
             };
             if b.lists && !b.tuples {
                 return Err(spec_err(param, "by_type: lists need tuples"));
@@ -1022,7 +1030,7 @@ fn encode_by_type(b: &ByType, obj: &Bound<'_, PyAny>, enc: &mut Encoder, depth: 
             enc.raw_u8(if is_tuple { jitkey_core::key::tag::TUPLE } else { stag::LIST });
             enc.raw(&n.to_le_bytes());
             for (i, it) in items.iter().enumerate() {
-                encode_by_type(b, &it, enc, depth + 1).map_err(|e| e.at(i))?;
+                encode_by_type(b.items.as_deref().unwrap_or(b), &it, enc, depth + 1).map_err(|e| e.at(i))?;
             }
             return Ok(());
         }
