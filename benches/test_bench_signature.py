@@ -19,8 +19,6 @@ Every case checks its result before it is timed. Timing (ratios within one run):
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -29,85 +27,20 @@ torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.backends.nvidia.compiler import CUDABackend  # noqa: E402
 from triton.runtime.jit import compute_cache_key, create_function_from_signature  # noqa: E402
 
 from jitkey import MISS, LruCache, Signature, rules  # noqa: E402
-
-
-@triton.jit
-def k2(a0, BLOCK: tl.constexpr):
-    pass
-
-
-@triton.jit
-def k4(a0, a1, a2, BLOCK: tl.constexpr):
-    pass
-
-
-@triton.jit
-def k8(a0, a1, a2, a3, a4, a5, a6, BLOCK: tl.constexpr):
-    pass
-
-
-@triton.jit
-def k16(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, BLOCK: tl.constexpr):
-    pass
-
-
-KERNELS = {2: k2, 4: k4, 8: k8, 16: k16}
-BACKEND = CUDABackend(GPUTarget("cuda", 90, 32))
-TENSOR = torch.zeros(1024, dtype=torch.float16)
-OTHER = torch.zeros(1024, dtype=torch.float32)
-
-
-def triton_args(n: int) -> tuple[Any, ...]:
-    dyn: list[Any] = []
-    for i in range(n - 1):
-        dyn.append([TENSOR, OTHER, 4096 + 16 * i][i % 3])
-    return (*dyn, 1024)
-
-
-def python_triton_key(n: int) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
-    """An unrolled Python key with the information Triton's specialization has (a)."""
-    parts = []
-    for i, a in enumerate(triton_args(n)[:-1]):
-        if isinstance(a, torch.Tensor):
-            parts.append(f"a[{i}].dtype, a[{i}].data_ptr() & 15 == 0")
-        else:
-            parts.append(f"a[{i}] == 1, a[{i}] & 15 == 0, -2147483648 <= a[{i}] < 2147483648")
-    parts.append(f"type(a[{n - 1}]), a[{n - 1}]")
-    ns: dict[str, Any] = {}
-    exec(f"def key(a):\n    return ({', '.join(parts)},)\n", ns)
-    return ns["key"]  # type: ignore[no-any-return]
-
-
-@dataclass(frozen=True)
-class BoundKernelKey:
-    """Helion's ``BoundKernelInMemoryCacheKey`` shape: a spec tuple plus extras."""
-
-    specialization_key: tuple[Any, ...]
-    extra_results: tuple[Any, ...]
-
-
-def _tensor_key_static(t: Any) -> Any:
-    return (t.dtype, t.size(), t.stride())
-
-
-_EXTRACTORS: dict[type, Callable[[Any], Any]] = {
-    torch.Tensor: _tensor_key_static,
-    int: lambda v: int,
-    float: lambda v: float,
-    bool: lambda v: bool,
-}
-
-
-def helion_style_key(args: tuple[Any, ...]) -> BoundKernelKey:
-    """Helion's per-argument extractors (static shapes) + device type, in a frozen dataclass (b)."""
-    spec = [_EXTRACTORS[type(a)](a) for a in args]
-    return BoundKernelKey((*spec, "cpu"), ())
-
+from jitkey.bench._lookup_peers import (  # noqa: E402
+    BACKEND,
+    HELION_ARGS,
+    KERNELS,
+    OTHER,
+    TENSOR,
+    helion_python_key,
+    helion_style_key,
+    python_triton_key,
+    triton_args,
+)
 
 CASES = [2, 4, 8, 16]
 
@@ -176,8 +109,6 @@ def test_triton_binder(benchmark: Any, n: int) -> None:
 
 # ---- Helion-style: four tensors ----------------------------------------------------------------
 
-HELION_ARGS = (TENSOR.view(32, 32), OTHER.view(32, 32), TENSOR[:512], OTHER.view(4, 256).t())
-
 
 def test_jitkey_lookup_helion(benchmark: Any) -> None:
     benchmark.group = "helion-4"
@@ -206,13 +137,7 @@ def test_python_tuple_dict_helion(benchmark: Any) -> None:
     benchmark.group = "helion-4"
     sentinel = object()
 
-    def key(a: tuple[Any, ...]) -> tuple[Any, ...]:
-        a0, a1, a2, a3 = a
-        return (
-            a0.dtype, a0.shape, a0.stride(), a1.dtype, a1.shape, a1.stride(),
-            a2.dtype, a2.shape, a2.stride(), a3.dtype, a3.shape, a3.stride(),
-        )  # fmt: skip
-
+    key = helion_python_key
     d = {key(HELION_ARGS): sentinel}
 
     def lookup(a: tuple[Any, ...]) -> Any:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-CPU_SECTIONS = {"key", "cache", "disk"}
+CPU_SECTIONS = {"key", "cache", "lookup", "disk"}
 
 
 def run_bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -126,6 +126,90 @@ def cache_section(quick: bool) -> SectionResult:
     return cases
 
 
+def lookup_section(quick: bool) -> SectionResult:
+    """Call arguments → key → cached kernel: Signature.lookup vs the Python, Helion and Triton ways."""
+    try:
+        from triton.runtime.jit import compute_cache_key, create_function_from_signature
+
+        from jitkey.bench import _lookup_peers as peers
+    except ImportError as e:
+        return Skipped("lookup", f"needs torch and triton ({e})")
+    cases: list[Case] = []
+    sentinel = object()
+
+    def is_hit(label: str, fn: Callable[[], object]) -> Callable[[], None]:
+        def check() -> None:
+            if fn() is not sentinel:
+                raise AssertionError(f"{label} did not return the cached kernel")
+
+        return check
+
+    for n in (2, 4, 8, 16):
+        group = f"lookup/triton-style {n} args"
+        args = peers.triton_args(n)
+        sig = jitkey.Signature(jitkey.rules.triton(peers.KERNELS[n]), extra=("kernel", n, 0))
+        cache = jitkey.LruCache(256)
+        sig.insert(cache, args, sentinel)
+        misaligned = (peers.TENSOR[1:], *args[1:])
+        if sig.lookup(cache, misaligned) is not jitkey.MISS:
+            raise AssertionError("Signature.lookup: a misaligned tensor must not hit the aligned entry")
+        pykey = peers.python_triton_key(n)
+        d = {pykey(args): sentinel}
+        hd = {peers.helion_style_key(args): sentinel}
+        lru = functools.lru_cache(maxsize=256)(lambda *k: sentinel)
+        fn = peers.KERNELS[n]
+        binder = create_function_from_signature(fn.signature, fn.params, peers.BACKEND)
+        kkc: dict[Any, Any] = {}
+        _, spec, options = binder(*args)
+        kc = {compute_cache_key(kkc, spec, options): sentinel}
+
+        def via_binder(a: tuple[Any, ...], binder: Any = binder, kkc: Any = kkc, kc: Any = kc) -> object:
+            _, spec, options = binder(*a)
+            return kc.get(compute_cache_key(kkc, spec, options))
+
+        env = {
+            "a": args, "sig": sig, "c": cache, "d": d, "k": pykey, "hd": hd, "hk": peers.helion_style_key,
+            "lru": lru, "vb": via_binder,
+        }  # fmt: skip
+        impls = [
+            ("python tuple key + dict", "d.get(k(a))", True),
+            ("jitkey Signature.lookup", "sig.lookup(c, a)", False),
+            ("helion-style dataclass + dict", "hd.get(hk(a))", False),
+            ("python tuple key + lru_cache", "lru(*k(a))", False),
+            ("triton binder + key + dict", "vb(a)", False),
+        ]
+        for label, stmt, base in impls:
+            probe = eval(f"lambda: {stmt}", dict(env))
+            cases.append(Case(group, label, stmt, env, is_hit(label, probe), baseline=base))
+    # Helion-style: four tensors, exact sizes and strides.
+    group = "lookup/helion-style 4 tensors"
+    args = peers.HELION_ARGS
+    sig = jitkey.Signature(
+        jitkey.rules.helion(["a", "b", "c", "d"], static_shapes=True), extra=("helion", (9, 0))
+    )
+    cache = jitkey.LruCache(256)
+    sig.insert(cache, args, sentinel)
+    d = {peers.helion_python_key(args): sentinel}
+    hd = {peers.helion_style_key(args): sentinel}
+    env = {
+        "a": args,
+        "sig": sig,
+        "c": cache,
+        "d": d,
+        "k": peers.helion_python_key,
+        "hd": hd,
+        "hk": peers.helion_style_key,
+    }
+    for label, stmt, base in [
+        ("python tuple key + dict", "d.get(k(a))", True),
+        ("jitkey Signature.lookup", "sig.lookup(c, a)", False),
+        ("helion-style dataclass + dict", "hd.get(hk(a))", False),
+    ]:
+        probe = eval(f"lambda: {stmt}", dict(env))
+        cases.append(Case(group, label, stmt, env, is_hit(label, probe), baseline=base))
+    return cases
+
+
 def disk_section(quick: bool) -> SectionResult:
     """Persistent index hits and puts: DiskIndex vs sqlite3 (WAL) vs a file-per-entry store."""
     import itertools
@@ -248,6 +332,7 @@ class LaunchRun:
 SECTIONS: dict[str, Callable[[bool], SectionResult]] = {
     "key": key_section,
     "cache": cache_section,
+    "lookup": lookup_section,
     "disk": disk_section,
     "launch": launch_section,
 }
