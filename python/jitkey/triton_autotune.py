@@ -72,6 +72,7 @@ _KNOWN_CONFIG_FIELDS: Final[frozenset[str]] = frozenset(
     {"kwargs", "num_warps", "num_stages", "num_ctas", "maxnreg", "pre_hook", "ir_override"}
 )
 _MISS: Final = object()
+_NO_DTYPE: Final = frozenset({int, float, bool, str, bytes, type(None)})
 _QUANTILES: Final = (0.5, 0.2, 0.8)
 
 _default_index_lock = threading.Lock()
@@ -243,6 +244,10 @@ class PersistentAutotuner:
             p.name: p.default for p in params if p.default is not p.empty and p.name in self.arg_names
         }
         self._pos: dict[str, int] = {n: i for i, n in enumerate(self.arg_names)}
+        import torch
+
+        self._tensor_t: type = torch.Tensor
+        self._dtype_t: type = torch.dtype
 
         if isinstance(key, str):
             raise TypeError("key= takes a list of argument names, not a single str")
@@ -252,6 +257,7 @@ class PersistentAutotuner:
                 raise ValueError(
                     f"autotune key {k!r} is not a parameter of {self.base_name} {self.arg_names}"
                 )
+        self._key_pos = [(k, self._pos[k]) for k in self.keys]
 
         configs = list(configs) if configs else [triton.Config({}, num_warps=4, num_stages=3, num_ctas=1)]
         self.configs: list[Any] = configs
@@ -383,10 +389,8 @@ class PersistentAutotuner:
     # -- keys ----------------------------------------------------------------------------------------------
     def _call_key(self, device: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         n = len(args)
-        pos = self._pos
         vals: list[Any] = []
-        for name in self.keys:
-            i = pos[name]
+        for name, i in self._key_pos:
             if i < n:
                 vals.append(args[i])
             elif name in kwargs:
@@ -395,23 +399,30 @@ class PersistentAutotuner:
                 vals.append(self._defaults[name])
             else:
                 raise ArgumentError(f"{self.base_name}: missing autotune key argument {name!r}")
+        tensor_t, dtype_t = self._tensor_t, self._dtype_t
         dtypes: list[Any] = []
         for i, a in enumerate(args):
-            dt = getattr(a, "dtype", None)
-            if dt is not None:
-                dtypes.append((i, dt if _is_torch_dtype(dt) else str(dt)))
+            t = type(a)
+            if t is tensor_t:
+                dtypes.append((i, a.dtype))
+            elif t not in _NO_DTYPE:
+                dt = getattr(a, "dtype", None)
+                if dt is not None:
+                    dtypes.append((i, dt if type(dt) is dtype_t else str(dt)))
+        if not kwargs:
+            return (device, tuple(vals), tuple(dtypes), ())
         extra: list[Any] = []
-        if kwargs:
-            for name in sorted(kwargs):
-                v = kwargs[name]
-                j = pos.get(name)
-                if j is None:
-                    extra.append((name, v))
-                else:
-                    dt = getattr(v, "dtype", None)
-                    if dt is not None:
-                        dtypes.append((j, dt if _is_torch_dtype(dt) else str(dt)))
-            dtypes.sort(key=lambda p: p[0])
+        pos = self._pos
+        for name in sorted(kwargs):
+            v = kwargs[name]
+            j = pos.get(name)
+            if j is None:
+                extra.append((name, v))
+            elif type(v) not in _NO_DTYPE:
+                dt = getattr(v, "dtype", None)
+                if dt is not None:
+                    dtypes.append((j, dt if type(dt) is dtype_t else str(dt)))
+        dtypes.sort(key=lambda p: p[0])
         return (device, tuple(vals), tuple(dtypes), tuple(extra))
 
     def disk_key(self, *args: Any, **kwargs: Any) -> bytes:
@@ -592,11 +603,6 @@ class PersistentAutotuner:
 
     def __repr__(self) -> str:
         return f"jitkey.triton.PersistentAutotuner({self.base_name}, {len(self.configs)} configs, key={self.keys})"
-
-
-def _is_torch_dtype(dt: Any) -> bool:
-    t = type(dt)
-    return t.__module__ == "torch" and t.__name__ == "dtype"
 
 
 def autotune(
