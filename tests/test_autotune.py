@@ -106,6 +106,30 @@ def test_key_values_and_dtypes_retune(index: jitkey.DiskIndex) -> None:
     assert at.disk_key(*w.args_for(1000)) != at.disk_key(*w.args_for(1000, torch.float32))
 
 
+def test_generated_key_matches_general_path(index: jitkey.DiskIndex) -> None:
+    import numpy as np
+
+    at, _, _ = _tune(index)
+    x, y, out, n, alpha = w.args_for(64)
+    calls = [
+        (x, y, out, n, alpha),
+        (x.double(), y, out, n, alpha),
+        (torch.nn.Parameter(x.float()), y, out, n, alpha),  # tensor subclass: via getattr
+        (np.zeros(4, dtype=np.float32), y, out, n, alpha),  # a non-torch dtype: by str
+        (x, y, out, 1 << 40, alpha),
+        (x, y, out, n, 1),
+    ]
+    keys = set()
+    for c in calls:
+        fast = at._key(-1, c, {})
+        assert fast == at._call_key(-1, c, {})
+        assert fast == at._key(-1, c[:3], {"n": c[3], "alpha": c[4]})  # keyword call: general path
+        keys.add(fast)
+    assert len(keys) == len(calls) - 1  # alpha (not a key, no dtype) alone does not change the key
+    with pytest.raises(ArgumentError, match="multiple values"):
+        at._key(-1, (x, y, out, n, alpha), {"n": n})
+
+
 def test_exact_key_values(index: jitkey.DiskIndex) -> None:
     at, _, _ = _tune(index, n=1000)
     x, y, out, _, alpha = w.args_for(16)

@@ -329,6 +329,7 @@ class PersistentAutotuner:
         self._mem = LruCache(capacity)
         self._env: dict[int, bytes] = {}
         self._lock = threading.Lock()
+        self._key = self._make_fast_key()
         self._stats = {"memory_hits": 0, "disk_hits": 0, "tunings": 0, "benchmarks": 0, "disk_rejects": 0}
         self._get_device = self._device_getter()
         self.best_config: Any = None
@@ -387,8 +388,23 @@ class PersistentAutotuner:
         return self._bench_fn
 
     # -- keys ----------------------------------------------------------------------------------------------
+    def _dtype_of(self, a: Any) -> Any:
+        """The dtype an argument contributes to the key (``None`` for none): ``torch.dtype``, else ``str``."""
+        t = type(a)
+        if t is self._tensor_t:
+            return a.dtype
+        if t in _NO_DTYPE:
+            return None
+        dt = getattr(a, "dtype", None)
+        if dt is None or type(dt) is self._dtype_t:
+            return dt
+        return str(dt)
+
     def _call_key(self, device: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """``(device, key values, dtype per parameter, sorted extra kwargs)`` (the general path)."""
         n = len(args)
+        if n > len(self.arg_names):
+            raise ArgumentError(f"{self.base_name} takes {len(self.arg_names)} arguments, got {n}")
         vals: list[Any] = []
         for name, i in self._key_pos:
             if i < n:
@@ -399,18 +415,9 @@ class PersistentAutotuner:
                 vals.append(self._defaults[name])
             else:
                 raise ArgumentError(f"{self.base_name}: missing autotune key argument {name!r}")
-        tensor_t, dtype_t = self._tensor_t, self._dtype_t
-        dtypes: list[Any] = []
+        dtypes: list[Any] = [None] * len(self.arg_names)
         for i, a in enumerate(args):
-            t = type(a)
-            if t is tensor_t:
-                dtypes.append((i, a.dtype))
-            elif t not in _NO_DTYPE:
-                dt = getattr(a, "dtype", None)
-                if dt is not None:
-                    dtypes.append((i, dt if type(dt) is dtype_t else str(dt)))
-        if not kwargs:
-            return (device, tuple(vals), tuple(dtypes), ())
+            dtypes[i] = self._dtype_of(a)
         extra: list[Any] = []
         pos = self._pos
         for name in sorted(kwargs):
@@ -418,17 +425,46 @@ class PersistentAutotuner:
             j = pos.get(name)
             if j is None:
                 extra.append((name, v))
-            elif type(v) not in _NO_DTYPE:
-                dt = getattr(v, "dtype", None)
-                if dt is not None:
-                    dtypes.append((j, dt if type(dt) is dtype_t else str(dt)))
-        dtypes.sort(key=lambda p: p[0])
+            elif j < n:
+                raise ArgumentError(f"{self.base_name}: got multiple values for argument {name!r}")
+            else:
+                dtypes[j] = self._dtype_of(v)
         return (device, tuple(vals), tuple(dtypes), tuple(extra))
+
+    def _make_fast_key(self) -> Callable[[int, tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]:
+        """``_call_key`` generated for this kernel's parameter list, for all-positional calls.
+
+        Builds the identical tuple (``tests/test_autotune.py`` checks both paths agree); other calls take
+        the general path.
+        """
+        # The usual call passes every parameter positionally except the trailing ones the configs set
+        # (or that have defaults); generate for that length.
+        tuned = {k for c in self.configs for k in c.kwargs}
+        n = len(self.arg_names)
+        while n > 0 and (self.arg_names[n - 1] in tuned or self.arg_names[n - 1] in self._defaults):
+            n -= 1
+        if n == 0 or any(i >= n for _, i in self._key_pos):
+            return self._call_key
+        names = [f"a{i}" for i in range(n)]
+        vals = "".join(f"{names[i]}, " for _, i in self._key_pos)
+        dts = "".join(f"{a}.dtype if type({a}) is _T else _dt({a}), " for a in names)
+        dts += "None, " * (len(self.arg_names) - n)
+        src = (
+            "def fast_key(device, args, kwargs):\n"
+            f"    if kwargs or len(args) != {n}:\n"
+            "        return _slow(device, args, kwargs)\n"
+            f"    {', '.join(names)}, = args\n"
+            f"    return (device, ({vals}), ({dts}), ())\n"
+        )
+        ns: dict[str, Any] = {"_T": self._tensor_t, "_dt": self._dtype_of, "_slow": self._call_key}
+        exec(src, ns)
+        fast_key: Callable[[int, tuple[Any, ...], dict[str, Any]], tuple[Any, ...]] = ns["fast_key"]
+        return fast_key
 
     def disk_key(self, *args: Any, **kwargs: Any) -> bytes:
         """The 32-byte DiskIndex key a call with these arguments uses on the current device."""
         device = self._get_device()
-        return self._disk_key(device, self._call_key(device, args, kwargs))
+        return self._disk_key(device, self._key(device, args, kwargs))
 
     def _disk_key(self, device: int, mkey: tuple[Any, ...]) -> bytes:
         return digest((self._static_digest, self._env_digest(device), mkey[1:]))
@@ -450,7 +486,7 @@ class PersistentAutotuner:
         else:
             device = self._get_device()
             try:
-                mkey = self._call_key(device, args, kwargs)
+                mkey = self._key(device, args, kwargs)
                 entry: Any = self._mem.get(mkey, _MISS)
             except JitKeyError as exc:
                 raise ArgumentError(f"{self.base_name}: cannot key the autotune arguments: {exc}") from exc
