@@ -86,7 +86,8 @@ N = 1 << 20
 def worker(mode: str, index_dir: str) -> dict[str, Any]:
     device = "cuda" if mode == "gpu" else "cpu"
     sim = SimulatedGPU() if mode == "cpu" else None
-    with jitkey.DiskIndex(index_dir) as index:
+    index = jitkey.DiskIndex(index_dir)
+    try:
         kernel = jt.autotune(
             CONFIGS,
             key=["n"],
@@ -113,6 +114,8 @@ def worker(mode: str, index_dir: str) -> dict[str, Any]:
             "stats": stats,
             "bench_calls": sim.bench_calls if sim else stats["benchmarks"],
         }
+    finally:
+        index.close()
 
 
 def main() -> None:
