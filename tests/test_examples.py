@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+import jitkey
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -36,3 +40,31 @@ def test_ninetoothed_scenario() -> None:
         assert isinstance(value, float) and value > 0
     assert f"{r['speedup']:.0f}x faster" in out
     assert "add_scaled" in out and "fused_axpy" in out
+
+
+@pytest.mark.skipif(
+    not hasattr(jitkey, "Signature"), reason="needs jitkey.Signature + jitkey.rules (issue #4, branch sig)"
+)
+def test_minimal_dsl() -> None:
+    out, r = run_example("minimal_dsl.py")
+    # 6 calls: two share a specialization; dtype, shape, strides and scalar type each give another
+    assert r["calls"] == 6 and r["compiles"] == 5 and r["correct"] is True
+    assert r["distinct_signature_keys"] == 5 and r["python_keys"] == 5 and r["same_bound_kernels"] is True
+    assert r["stats"]["misses"] == 5
+    for field in ("jitkey_dispatch_ns", "python_dispatch_ns", "dispatch_speedup", "warm_call_us"):
+        value = r[field]
+        assert isinstance(value, float) and value > 0
+    assert f"-> {r['dispatch_speedup']:.2f}x" in out
+    assert "torch.sigmoid(" in out and "out=_t" in out  # the generated, specialized source is printed
+
+
+def test_shared_autotune() -> None:
+    out, r = run_example("shared_autotune.py")
+    # process 1 benchmarks every config and stores the winner; process 2 loads it and benchmarks nothing
+    assert r["p1_bench_calls"] == 3 and r["p1_tunings"] == 1
+    assert r["p2_bench_calls"] == 0 and r["p2_tunings"] == 0 and r["p2_disk_hits"] == 1
+    assert r["same_config"] is True and r["correct"] is True
+    if r["mode"] == "cpu":
+        # the simulated cost model's optimum (per-program overhead vs. big-block penalty)
+        assert r["simulated_timer"] is True and r["config"] == {"BLOCK": 1024}
+        assert "SIMULATED" in out

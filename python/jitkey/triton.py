@@ -49,10 +49,12 @@ from jitkey.errors import ArgumentError, GlobalsChangedError, JitKeyError
 __all__ = [
     "Keyer",
     "NativeKeyer",
+    "PersistentAutotuner",
     "PythonKeyer",
     "TritonKernel",
     "Unkeyable",
     "auto_keyer",
+    "autotune",
     "bind",
     "jit",
     "native_available",
@@ -813,3 +815,7 @@ def jit(fn: Any = None, **kwargs: Any) -> Any:
     if fn is None:
         return lambda f: bind(triton.jit(f, **kwargs))
     return bind(triton.jit(fn, **kwargs))
+
+
+# Persistent autotuning (issue #8) lives in its own module; re-exported here as jitkey.triton.autotune.
+from jitkey.triton_autotune import PersistentAutotuner, autotune  # noqa: E402
