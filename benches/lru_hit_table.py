@@ -17,7 +17,10 @@ from pathlib import Path
 import jitkey
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_bench_lru import IMPLS, Value, _setup, triton_key
+from test_bench_lru import IMPLS as _ALL_IMPLS
+from test_bench_lru import Value, _setup, cachetools, triton_key
+
+IMPLS = [i for i in _ALL_IMPLS if cachetools is not None or not i.startswith("cachetools")]
 
 
 def main(rounds: int = 25, number: int = 20_000) -> None:
