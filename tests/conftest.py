@@ -1,6 +1,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# CI shares 2 cores with the build and other suites: never fail a property test because one example was slow
+# (each test still sets its own example budget; deadlines are off everywhere).
+settings.register_profile(
+    "jitkey", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+settings.load_profile("jitkey")
 
 
 def _cuda_available() -> bool:
