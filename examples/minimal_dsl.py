@@ -14,7 +14,7 @@ an edited kernel a different kernel. The baseline is what a pure-Python DSL writ
 call (``(dtype, device.type, shape, stride)`` per tensor, ``type`` per scalar) and a ``dict`` lookup.
 
 Run: ``python examples/minimal_dsl.py``. The last line is ``RESULT {json}`` (asserted by
-``tests/test_examples.py``). Needs ``jitkey.Signature`` and ``jitkey.rules`` (issue #4).
+``tests/test_examples.py``).
 """
 
 from __future__ import annotations

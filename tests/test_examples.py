@@ -7,10 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-import jitkey
-
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -42,9 +38,6 @@ def test_ninetoothed_scenario() -> None:
     assert "add_scaled" in out and "fused_axpy" in out
 
 
-@pytest.mark.skipif(
-    not hasattr(jitkey, "Signature"), reason="needs jitkey.Signature + jitkey.rules (issue #4, branch sig)"
-)
 def test_minimal_dsl() -> None:
     out, r = run_example("minimal_dsl.py")
     # 6 calls: two share a specialization; dtype, shape, strides and scalar type each give another

@@ -193,8 +193,6 @@ def _keyable(kernel, name, calls):
 )
 @given(data=st.data())
 def test_key_finer_than_triton_binder(keyer, name, data):
-    if keyer == "native" and name == "dns" and not jt._native_tuples_exact():
-        pytest.skip("native rules coarser for tuples under do_not_specialize (see the exhaustive test)")
     kernel = jt.bind(KERNELS[name], keyer=KEYERS[keyer])
     calls = _keyable(kernel, name, data.draw(_calls(name)))
     assert_finer(kernel, name, calls)
@@ -215,12 +213,6 @@ def test_key_finer_exhaustive_pairs(keyer, name):
         for b in values:
             calls.append(((a, b, *fill), {}))
     calls = _keyable(kernel, name, calls)
-    if keyer == "native" and name == "dns" and not jt._native_tuples_exact():
-        # Known gap of the native rules (issue #4): tuple members keyed with the parameter's
-        # do_not_specialize flags, where Triton specializes them fully. auto_keyer avoids it.
-        with pytest.raises(AssertionError, match="collides"):
-            assert_finer(kernel, name, calls)
-        return
     seen = assert_finer(kernel, name, calls)
     if keyer == "python" and name != "ann":
         # and no finer than needed: the Python keyer splits this grid exactly where Triton does (an

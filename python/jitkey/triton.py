@@ -391,7 +391,7 @@ class PythonKeyer:
 
 
 class NativeKeyer:
-    """Keyer over the native ``jitkey.Signature`` with ``jitkey.rules.triton(jit_fn)`` (issue #4).
+    """Keyer over the native ``jitkey.Signature`` with ``jitkey.rules.triton(jit_fn)``.
 
     The signature is ``[("ctx", rules.any_()), *rules.triton(jit_fn)]``; one native call per launch encodes
     the arguments with the compiled plan, hashes and probes the :class:`jitkey.LruCache`.
@@ -401,10 +401,10 @@ class NativeKeyer:
 
     def __init__(self, jit_fn: Any, capacity: int = 4096) -> None:
         import jitkey
-        from jitkey import rules  # type: ignore[attr-defined]  # issue #4
+        from jitkey import rules
 
-        self.MISS = jitkey.MISS  # type: ignore[attr-defined]
-        self.sig = jitkey.Signature([("_jk_ctx", rules.any_()), *rules.triton(jit_fn)])  # type: ignore[attr-defined]
+        self.MISS = jitkey.MISS
+        self.sig = jitkey.Signature([("_jk_ctx", rules.any_()), *rules.triton(jit_fn)])
         self.cache = LruCache(capacity)
         self.lookup = functools.partial(self.sig.lookup, self.cache)
 
@@ -422,10 +422,10 @@ class NativeKeyer:
 
 
 def native_available() -> bool:
-    """Whether this jitkey build has the native ``Signature`` + ``rules.triton`` (issue #4)."""
+    """Whether this jitkey build has the native ``Signature`` + ``rules.triton``."""
     try:
         import jitkey
-        from jitkey import rules  # type: ignore[attr-defined]  # issue #4
+        from jitkey import rules
     except ImportError:
         return False
     return all(hasattr(jitkey, n) for n in ("Signature", "MISS")) and hasattr(rules, "triton")
@@ -445,32 +445,9 @@ def native_keyer(jit_fn: Any, modes: list[int]) -> Keyer:
     return NativeKeyer(jit_fn)
 
 
-@functools.cache
-def _native_tuples_exact() -> bool:
-    """Whether the native rules specialize tuple members fully under ``do_not_specialize`` (as Triton does).
-
-    Triton's ``native_specialize_impl`` recurses into tuples with value and alignment specialization on,
-    whatever the parameter's flags; a rule that recursed with the parameter's own flags would key
-    ``(16, 1)`` and ``(17, 1)`` alike where Triton compiles two kernels.
-    """
-    import jitkey
-    from jitkey import rules  # type: ignore[attr-defined]  # issue #4
-
-    try:
-        for flags in ({"do_not_specialize": [0]}, {"do_not_specialize_on_alignment": [0]}):
-            sig = jitkey.Signature(  # type: ignore[attr-defined]
-                [("_jk_ctx", rules.any_()), *rules.triton(params=["a"], **flags)]
-            )
-            if sig.encode(((), (16, 1))) == sig.encode(((), (17, 1))):
-                return False
-    except Exception:
-        return False
-    return True
-
-
 def auto_keyer(jit_fn: Any, modes: list[int]) -> Keyer:
-    """The native keyer where this build has it (and it is exact for this kernel), else the Python one."""
-    if native_available() and (all(m in (_FULL, _CONSTEXPR) for m in modes) or _native_tuples_exact()):
+    """The native keyer where this build has it, else the Python one."""
+    if native_available():
         return native_keyer(jit_fn, modes)
     return python_keyer(jit_fn, modes)
 
