@@ -39,10 +39,13 @@ pub(crate) struct Slot {
     key: Option<Py<PyAny>>,
 }
 
-/// Calls `f(hash, encoding)` with the hash the key's route uses (see the module docs).
-fn with_key<R>(key: &Bound<'_, PyAny>, f: impl FnOnce(u64, &[u8]) -> R) -> PyResult<R> {
+/// Calls `f(hash, encoding, structural)` with the hash the key's route uses (see the module docs);
+/// `structural` says whether the key takes the structural route (and so is stored with its object).
+fn with_key<R>(key: &Bound<'_, PyAny>, f: impl FnOnce(u64, &[u8], bool) -> R) -> PyResult<R> {
     let structural = structural_hash(key);
-    with_encoding(key, "key", |enc| f(structural.unwrap_or_else(|| fast_hash_state().hash(enc)), enc))
+    with_encoding(key, "key", |enc| {
+        f(structural.unwrap_or_else(|| fast_hash_state().hash(enc)), enc, structural.is_some())
+    })
 }
 
 /// The outcome of one factory run, shared by the threads that waited for it.
@@ -254,12 +257,14 @@ impl PyLruCache {
     }
 
     fn __setitem__(&self, key: &Bound<'_, PyAny>, value: Py<PyAny>) -> PyResult<()> {
-        let key_obj = structural_hash(key).map(|_| key.clone().unbind());
-        with_key(key, |hash, enc| drop(self.inner.insert(hash, enc, Slot { value, key: key_obj })))
+        with_key(key, |hash, enc, structural| {
+            let slot = Slot { value, key: structural.then(|| key.clone().unbind()) };
+            drop(self.inner.insert(hash, enc, slot));
+        })
     }
 
     fn __delitem__(&self, key: &Bound<'_, PyAny>) -> PyResult<()> {
-        let (found, displaced) = with_key(key, |hash, enc| self.inner.remove(hash, enc))?;
+        let (found, displaced) = with_key(key, |hash, enc, _| self.inner.remove(hash, enc))?;
         drop(displaced);
         if found {
             Ok(())
@@ -269,7 +274,7 @@ impl PyLruCache {
     }
 
     fn __contains__(&self, key: &Bound<'_, PyAny>) -> PyResult<bool> {
-        with_key(key, |hash, enc| self.inner.contains(hash, enc))
+        with_key(key, |hash, enc, _| self.inner.contains(hash, enc))
     }
 
     /// pop(key[, default]): remove `key` and return its value, else `default` or `KeyError`.
@@ -287,7 +292,7 @@ impl PyLruCache {
             )));
         }
         let (found, displaced) =
-            with_key(key, |hash, enc| self.inner.remove_with(hash, enc, |s| s.value.clone_ref(py)))?;
+            with_key(key, |hash, enc, _| self.inner.remove_with(hash, enc, |s| s.value.clone_ref(py)))?;
         drop(displaced);
         match found {
             Some(v) => Ok(v.into_bound(py)),
@@ -308,8 +313,9 @@ impl PyLruCache {
         if let Some(hit) = self.lookup(py, key)? {
             return Ok(hit);
         }
-        let key_obj = structural_hash(key).is_some().then_some(key);
-        with_key(key, |hash, enc| self.fill_miss(py, hash, enc, key_obj, |_| factory.call0()))?
+        with_key(key, |hash, enc, structural| {
+            self.fill_miss(py, hash, enc, structural.then_some(key), |_| factory.call0())
+        })?
     }
 
     fn clear(&self) {
