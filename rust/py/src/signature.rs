@@ -989,6 +989,13 @@ fn encode_by_type(b: &ByType, obj: &Bound<'_, PyAny>, enc: &mut Encoder, depth: 
     let ptr = obj.as_ptr();
     // SAFETY: as in encode_rule.
     let tp = unsafe { ffi::Py_TYPE(ptr) };
+    // The exact Tensor type first: the common case of a kernel argument, and one pointer compare
+    // (PyFloat_Check would otherwise walk a tensor's MRO before it is reached).
+    if let Some(t) = &b.tensor {
+        if tp == TENSOR_TYPE.load(Ordering::Relaxed) {
+            return encode_tensor(t, obj, enc);
+        }
+    }
     unsafe {
         if std::ptr::eq(tp, addr_of_mut!(ffi::PyBool_Type)) {
             if let Some(v) = b.bool_ {
@@ -1111,6 +1118,29 @@ impl Signature {
             }
         }
         Ok(())
+    }
+
+    /// Parameter names, in order (for bindings that map keyword arguments).
+    pub(crate) fn param_names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The default of parameter `i`, if it has one.
+    pub(crate) fn default_of(&self, i: usize) -> Option<&Py<PyAny>> {
+        self.defaults[i].as_ref()
+    }
+
+    /// Writes the signature's header (plan description + `extra`).
+    #[inline]
+    pub(crate) fn encode_header(&self, enc: &mut Encoder) {
+        enc.raw(&self.header);
+    }
+
+    /// Writes parameter `i`'s part of the key (the caller writes the header and every parameter
+    /// in order); an unkeyable value gives `ArgumentError` naming the parameter.
+    #[inline]
+    pub(crate) fn encode_param(&self, i: usize, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> PyResult<()> {
+        encode_rule(&self.rules[i], obj, enc).map_err(|e| e.into_pyerr(obj.py(), &self.names[i]))
     }
 
     #[cold]
