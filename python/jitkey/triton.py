@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from jitkey._core import LruCache, encode
+from jitkey._core import LruCache, _KernelBase, encode
 from jitkey.errors import ArgumentError, GlobalsChangedError, JitKeyError
 
 __all__ = [
@@ -92,6 +92,9 @@ class _TritonInfo:
         self.version = "?"
         self.knob_reads: list[tuple[str, str, str]] = []  # (kwarg name, knobs section, attribute)
         self.checks_stages_hook = False
+        # CudaLauncher.__call__ when its code is exactly one this module knows (see _FORWARDING_CALLS),
+        # else None: then a hit calls ck.run, never the launcher's C function directly.
+        self.launcher_call: Callable[..., Any] | None = None
         try:
             import triton
             from triton import knobs
@@ -106,6 +109,7 @@ class _TritonInfo:
             self.problem = f"cannot inspect triton internals ({type(exc).__name__}: {exc})"
             return
         self.problem = self._scan_run(src)
+        self.launcher_call = _known_launcher_call()
 
     def _scan_run(self, src: str) -> str | None:
         """Read ``JITFunction.run``'s per-call knob reads; anything unexpected disables the fast path."""
@@ -129,6 +133,44 @@ class _TritonInfo:
                 return f"triton {self.version}: JITFunction.run no longer uses {needed}"
         if "grid(bound_args)" not in src:
             return f"triton {self.version}: JITFunction.run calls a callable grid differently"
+        return None
+
+
+# The code of CudaLauncher.__call__ (whitespace-normalized, comments dropped) in the Triton versions jitkey knows.
+# Each one only allocates scratch buffers when a size is > 0 and otherwise forwards its arguments to
+# ``self.launch`` (the compiled C launcher) with ``launch_cooperative_grid, launch_pdl, None, None``
+# inserted after ``function``. For a kernel whose scratch sizes are both <= 0, a hit may therefore call
+# ``self.launch`` itself with exactly the arguments ``ck.run`` would pass, skipping one Python frame
+# (and its closure allocation) per launch. Any other code (a new Triton, a patch) keeps ``ck.run``.
+_FORWARDING_CALLS = (
+    """def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+def allocate_scratch(size, align, allocator):
+if size > 0:
+grid_size = gridX * gridY * gridZ
+alloc_size = grid_size * self.num_ctas * size
+alloc_fn = allocator.get()
+return alloc_fn(alloc_size, align, stream)
+return None
+global_scratch = allocate_scratch(self.global_scratch_size, self.global_scratch_align, _allocation._allocator)
+profile_scratch = allocate_scratch(self.profile_scratch_size, self.profile_scratch_align,
+_allocation._profile_allocator)
+self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,
+global_scratch, profile_scratch, *args)""",
+)
+
+
+def _normalized_source(f: Any) -> str:
+    lines = (ln.strip() for ln in inspect.getsource(f).splitlines())
+    return "\n".join(ln for ln in lines if ln and not ln.startswith("#"))
+
+
+def _known_launcher_call() -> Callable[..., Any] | None:
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        call = CudaLauncher.__call__
+        return call if _normalized_source(call) in _FORWARDING_CALLS else None
+    except Exception:  # no nvidia backend, no source: keep ck.run
         return None
 
 
@@ -398,6 +440,9 @@ class NativeKeyer:
     """
 
     name = "native"
+    #: :class:`TritonKernel` launches through ``jitkey._core._TritonLauncher`` (the whole hit path in one
+    #: native call) with this keyer, rather than through the generated Python launcher.
+    native_launch = True
 
     def __init__(self, jit_fn: Any, capacity: int = 4096) -> None:
         import jitkey
@@ -405,6 +450,9 @@ class NativeKeyer:
 
         self.MISS = jitkey.MISS
         self.sig = jitkey.Signature([("_jk_ctx", rules.any_()), *rules.triton(jit_fn)])
+        # The parameters alone, for the native launcher (it encodes the call context itself). Its
+        # header differs from ``sig``'s, so both kinds of entries can share one cache without colliding.
+        self.params_sig = jitkey.Signature(rules.triton(jit_fn))
         self.cache = LruCache(capacity)
         self.lookup = functools.partial(self.sig.lookup, self.cache)
 
@@ -480,8 +528,13 @@ def _param_modes(jit_fn: Any) -> list[int]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-class TritonKernel:
-    """A Triton kernel whose warm launches skip Triton's Python dispatch (see the module docstring)."""
+class TritonKernel(_KernelBase):
+    """A Triton kernel whose warm launches skip Triton's Python dispatch (see the module docstring).
+
+    ``kernel[grid]`` is implemented in C (``jitkey._core._KernelBase``) once the native launcher is
+    built: it returns a builtin function bound to ``(launcher, grid)``, so the subscript and the call
+    run no Python frame of jitkey's. Until then, and with other keyers, it is :meth:`_subscript`.
+    """
 
     def __init__(self, fn: Any, *, keyer: KeyerFactory | None = None) -> None:
         self.fn = fn  # like triton's Autotuner/Heuristics wrappers: .fn is the wrapped kernel interface
@@ -521,7 +574,8 @@ class TritonKernel:
         return None
 
     # -- public API ------------------------------------------------------------------------------------
-    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+    def _subscript(self, grid: Any) -> Callable[..., Any]:
+        """``self[grid]`` while no native launcher is set (see the class docstring)."""
         launch = self._launch
         if launch is None:
             launch = self._make_launch()
@@ -567,6 +621,9 @@ class TritonKernel:
         """
         if self.keyer is None:
             raise Unkeyable(self.fast_path_problem or "no keyer")
+        if getattr(self.keyer, "native_launch", False):
+            self._ctx(device, {})  # the same refusals as a launch (stages inspection hook)
+            return bytes(self._native_launcher(None).key(tuple(args), dict(kwargs or {}), device))
         params, opts = self._bind_args(tuple(args), dict(kwargs or {}))
         return self.keyer.key((self._ctx(device, opts), *params))
 
@@ -621,26 +678,70 @@ class TritonKernel:
         # Triton binds, compiles if needed and launches exactly as fn[grid](...) would, and returns the
         # CompiledKernel it chose for this specialization.
         params = args[1:]
-        ck = self.fn.run(*params, grid=grid, warmup=False, **opts)
+        ck, entry = self._compile_and_launch(grid, params, opts)
+        if entry is not None:
+            assert self.keyer is not None
+            self.keyer.insert(args, entry)
+        return ck
+
+    def _compile_and_launch(
+        self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any], native: bool = False
+    ) -> tuple[Any, Any]:
+        """A miss: Triton runs the call; returns (what Triton returned, the entry to store or None)."""
+        ck = self.fn.run(*args, grid=grid, warmup=False, **kwargs)
         if ck is None:  # a knobs.runtime.jit_cache_hook vetoed the compile (Triton launched nothing)
             self._fallbacks["jit_cache_hook vetoed the compile"] += 1
-            return None
+            return None, None
         if hasattr(ck, "result"):  # async compile future
             ck = ck.result()
         try:
             if hasattr(ck, "_init_handles"):
                 ck._init_handles()
-            entry = (ck, ck.run, ck.function, ck.packed_metadata)
+            run, function, pm = ck.run, ck.function, ck.packed_metadata
             ck.launch_metadata  # noqa: B018 - must exist for the hook path
         except AttributeError as exc:
             self._fallbacks[f"CompiledKernel lacks {exc.name or exc}"] += 1
-            return ck
-        if entry[2] is None:
+            return ck, None
+        if function is None:
             self._fallbacks["CompiledKernel.function is None after _init_handles"] += 1
-            return ck
-        assert self.keyer is not None
-        self.keyer.insert(args, entry)
-        return ck
+            return ck, None
+        if not native:
+            return ck, (ck, run, function, pm)
+        from jitkey._core import _TritonEntry
+
+        target, mid = _launch_target(run, pm)
+        return ck, _TritonEntry(ck, target, function, mid)
+
+    def _native_miss(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        return self._compile_and_launch(grid, args, kwargs, native=True)
+
+    def _native_fallback(self, reason: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if isinstance(reason, BaseException):
+            reason = reason.reason if isinstance(reason, Unkeyable) else f"{type(reason).__name__}: {reason}"
+        return self._slow_entry(grid, args, kwargs, str(reason))
+
+    def _native_launcher(self, rt: _Runtime | None) -> Any:
+        """A ``jitkey._core._TritonLauncher`` over the native keyer's signature and cache (``rt=None``:
+        for :meth:`key_of` only, it cannot launch)."""
+        from jitkey._core import _TritonLauncher
+
+        info = _triton_info()
+        keyer = self.keyer
+        assert isinstance(keyer, NativeKeyer) and keyer.native_launch
+        return _TritonLauncher(
+            keyer.params_sig,
+            keyer.cache,
+            self.fn,
+            info.knobs.runtime,
+            [(getattr(info.knobs, section), attr) for _name, section, attr in info.knob_reads],
+            info.checks_stages_hook,
+            rt.get_device if rt is not None else _no_runtime,
+            rt.get_stream if rt is not None else _no_runtime,
+            info.HookChain,
+            self._native_miss,
+            self._native_fallback,
+            self._check_globals,
+        )
 
     def _check_globals(self) -> None:
         """Triton's ``used_global_vals`` check; identity short-cut only for immutable builtin values."""
@@ -692,6 +793,11 @@ class TritonKernel:
                 return self._slow_entry(grid, args, kwargs, reason)
 
             return no_rt
+        if getattr(self.keyer, "native_launch", False):
+            launcher = self._native_launcher(rt)
+            self._set_launcher(launcher)  # from now on, self[grid] is C
+            launch_native: Callable[..., Any] = launcher.launch
+            return launch_native
         info = _triton_info()
         assert self.keyer is not None
         names = list(fn.signature.parameters)
@@ -771,6 +877,28 @@ def _jk_launch(_jk_grid, {", ".join([*arglist, "**_jk_opts"])}):
         exec(src, ns)
         launch: Callable[..., Any] = ns["_jk_launch"]
         return launch
+
+
+def _no_runtime(*_args: Any) -> Any:
+    raise RuntimeError("jitkey.triton: this launcher only builds keys")
+
+
+def _launch_target(run: Any, packed_metadata: Any) -> tuple[Any, tuple[Any, ...]]:
+    """``(target, mid)`` for a hit: ``target(gx, gy, gz, stream, function, *mid, md, enter, exit, *args)``.
+
+    ``ck.run`` with ``mid = (packed_metadata,)``; or, when ``ck.run`` is a ``CudaLauncher`` whose
+    ``__call__`` is code jitkey knows to only forward (see ``_FORWARDING_CALLS``) and the kernel needs no
+    scratch buffer, the launcher's own ``launch`` with the arguments that ``__call__`` would insert.
+    """
+    call = _triton_info().launcher_call
+    if call is not None and getattr(type(run), "__call__", None) is call:
+        try:
+            sizes = (run.global_scratch_size, run.profile_scratch_size)
+            if all(type(x) is int and x <= 0 for x in sizes):
+                return run.launch, (run.launch_cooperative_grid, run.launch_pdl, None, None, packed_metadata)
+        except AttributeError:
+            pass
+    return run, (packed_metadata,)
 
 
 def bind(fn: Any, *, keyer: KeyerFactory | None = None) -> TritonKernel:

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 mod disk;
 mod errors;
 mod keys;
+mod launch;
 mod lru;
 mod signature;
 
@@ -20,5 +21,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     #[cfg(unix)]
     disk::register(m)?;
     signature::register(m)?;
+    launch::register(m)?;
     Ok(())
 }

@@ -1,0 +1,760 @@
+//! `jitkey._core._TritonLauncher`: the warm-launch path of `jitkey.triton` in one native call.
+//!
+//! Per call, with no Python frame of jitkey's own: the pre-run-hook and stages-hook checks, the
+//! binding of positional and keyword arguments to the kernel's parameters (defaults applied, the
+//! rest kept as launch options), the current device, the per-call knob reads, the key (header,
+//! device, knobs, sorted options, then every parameter by its Triton rule), the cache probe, the
+//! globals check, the grid, the current stream, the launch hooks, and the launch itself.
+//!
+//! Everything that is not a plain hit goes back to Python: a miss to `miss(grid, args, kwargs)`
+//! (Triton runs the call and returns `(result, entry or None)`; the entry is stored under the key
+//! computed here), and anything this path does not handle to `fallback(reason, grid, args,
+//! kwargs)` (Triton's own path, counted). The Python side (`jitkey/triton.py`) owns the policy:
+//! what is safe, what is counted, what an entry holds.
+
+use std::ptr::null_mut;
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::pyclass::{PyTraverseError, PyVisit};
+use pyo3::types::{PyDict, PyString, PyTuple};
+
+use jitkey_core::key::Encoder;
+
+use crate::errors::ArgumentError;
+use crate::keys::{encode_into, fast_hash_state, with_encoder};
+use crate::lru::PyLruCache;
+use crate::signature::Signature;
+
+/// What a hit launches: `target(gx, gy, gz, stream, function, *mid, metadata, enter, exit,
+/// *params)`, then returns `ck`. `target` is `ck.run` (then `mid` is `(packed_metadata,)`), or
+/// the launcher's own C `launch` when the Python side proved `ck.run` would only forward to it.
+#[pyclass(name = "_TritonEntry", module = "jitkey._core", frozen)]
+pub(crate) struct Entry {
+    ck: Py<PyAny>,
+    target: Py<PyAny>,
+    function: Py<PyAny>,
+    mid: Vec<Py<PyAny>>,
+}
+
+#[pymethods]
+impl Entry {
+    #[new]
+    #[pyo3(signature = (ck, target, function, mid, /))]
+    fn new(ck: Py<PyAny>, target: Py<PyAny>, function: Py<PyAny>, mid: &Bound<'_, PyTuple>) -> Self {
+        Self { ck, target, function, mid: mid.iter().map(Bound::unbind).collect() }
+    }
+
+    #[getter]
+    fn ck(&self, py: Python<'_>) -> Py<PyAny> {
+        self.ck.clone_ref(py)
+    }
+
+    #[getter]
+    fn target(&self, py: Python<'_>) -> Py<PyAny> {
+        self.target.clone_ref(py)
+    }
+
+    #[getter]
+    fn function(&self, py: Python<'_>) -> Py<PyAny> {
+        self.function.clone_ref(py)
+    }
+
+    #[getter]
+    fn mid<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.mid.iter().map(|m| m.bind(py)))
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.ck)?;
+        visit.call(&self.target)?;
+        visit.call(&self.function)?;
+        for m in &self.mid {
+            visit.call(m)?;
+        }
+        Ok(())
+    }
+}
+
+/// Parameters bound for one call: borrowed pointers into the call's args tuple, its kwargs dict
+/// and the signature's defaults, all of which outlive the call.
+const STACK: usize = 32;
+
+struct BoundArgs {
+    stack: [*mut ffi::PyObject; STACK],
+    heap: Vec<*mut ffi::PyObject>,
+    n: usize,
+    /// Keyword arguments that are not parameters: `(name, value)`, sorted by name.
+    opts: Vec<(*mut ffi::PyObject, *mut ffi::PyObject)>,
+}
+
+impl BoundArgs {
+    fn params(&self) -> &[*mut ffi::PyObject] {
+        if self.n <= STACK {
+            &self.stack[..self.n]
+        } else {
+            &self.heap
+        }
+    }
+}
+
+/// Why a call leaves the fast path.
+enum Leave {
+    /// Triton's own path, counted with this reason (a str or an exception object).
+    Fallback(Py<PyAny>),
+    /// A real error to raise to the caller.
+    Raise(PyErr),
+}
+
+impl From<PyErr> for Leave {
+    fn from(e: PyErr) -> Self {
+        Leave::Raise(e)
+    }
+}
+
+enum Probe<'py> {
+    Hit(Bound<'py, PyAny>),
+    Miss(u64, Vec<u8>),
+}
+
+#[pyclass(name = "_TritonLauncher", module = "jitkey._core", frozen)]
+pub(crate) struct Launcher {
+    sig: Py<Signature>,
+    cache: Py<PyLruCache>,
+    kernel_fn: Py<PyAny>,
+    runtime: Py<PyAny>,
+    knobs: Vec<(Py<PyAny>, Py<PyString>)>,
+    check_stages: bool,
+    get_device: Py<PyAny>,
+    get_stream: Py<PyAny>,
+    hook_chain: Option<Py<PyAny>>,
+    miss: Py<PyAny>,
+    fallback: Py<PyAny>,
+    check_globals: Py<PyAny>,
+    names: Vec<Py<PyString>>,
+}
+
+fn borrowed<'a, 'py>(py: Python<'py>, p: *mut ffi::PyObject) -> Borrowed<'a, 'py, PyAny> {
+    // SAFETY: every pointer handed here is a live object kept alive by the call (see `BoundArgs`).
+    unsafe { Borrowed::from_ptr(py, p) }
+}
+
+/// `f(*items)` through a fresh tuple.
+fn call_with<'py>(
+    py: Python<'py>,
+    f: &Bound<'py, PyAny>,
+    items: &[*mut ffi::PyObject],
+) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: a new tuple of exactly items.len() slots, each filled with a new reference to a live
+    // object (PyTuple_SetItem steals it); then a plain call.
+    unsafe {
+        let t = ffi::PyTuple_New(items.len() as ffi::Py_ssize_t);
+        if t.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        let t = Bound::from_owned_ptr(py, t);
+        for (i, &p) in items.iter().enumerate() {
+            ffi::Py_INCREF(p);
+            ffi::PyTuple_SetItem(t.as_ptr(), i as ffi::Py_ssize_t, p);
+        }
+        Bound::from_owned_ptr_or_err(py, ffi::PyObject_Call(f.as_ptr(), t.as_ptr(), null_mut()))
+    }
+}
+
+impl Launcher {
+    /// Binds positional arguments and keyword arguments (`kw_names[i]` = `kw_values[i]`) to the
+    /// parameters; `Err` is why the call cannot bind (Triton's own path then raises it).
+    fn bind_params(
+        &self,
+        py: Python<'_>,
+        pos: &[*mut ffi::PyObject],
+        kw_names: &[*mut ffi::PyObject],
+        kw_values: &[*mut ffi::PyObject],
+    ) -> Result<BoundArgs, String> {
+        let sig = self.sig.get();
+        let n = self.names.len();
+        let nargs = pos.len();
+        if nargs > n {
+            return Err(format!("takes {n} positional arguments but {nargs} were given"));
+        }
+        let mut b = BoundArgs { stack: [null_mut(); STACK], heap: Vec::new(), n, opts: Vec::new() };
+        let slots: &mut [*mut ffi::PyObject] = if n <= STACK {
+            &mut b.stack[..n]
+        } else {
+            b.heap.resize(n, null_mut());
+            &mut b.heap
+        };
+        slots[..nargs].copy_from_slice(pos);
+        for (&k, &v) in kw_names.iter().zip(kw_values) {
+            let j = self.names.iter().position(|name| name.as_ptr() == k).or_else(|| {
+                let key = borrowed(py, k);
+                let key = key.cast::<PyString>().ok()?;
+                let key = key.to_str().ok()?;
+                sig.param_names().iter().position(|name| name == key)
+            });
+            match j {
+                Some(j) if j < nargs || !slots[j].is_null() => {
+                    return Err(format!("got multiple values for argument '{}'", sig.param_names()[j]));
+                }
+                Some(j) => slots[j] = v,
+                None => b.opts.push((k, v)),
+            }
+        }
+        for (i, slot) in slots.iter_mut().enumerate().skip(nargs) {
+            if slot.is_null() {
+                match sig.default_of(i) {
+                    Some(d) => *slot = d.as_ptr(),
+                    None => return Err(format!("missing a required argument: '{}'", sig.param_names()[i])),
+                }
+            }
+        }
+        if b.opts.len() > 1 {
+            let name = |p: *mut ffi::PyObject| -> String {
+                let s = borrowed(py, p);
+                s.cast::<PyString>().ok().and_then(|s| s.to_str().ok().map(str::to_owned)).unwrap_or_default()
+            };
+            b.opts.sort_by_cached_key(|&(k, _)| name(k));
+        }
+        Ok(b)
+    }
+
+    /// Writes the key: header, device, knob state, sorted launch options, parameters.
+    fn encode_key(
+        &self,
+        py: Python<'_>,
+        enc: &mut Encoder,
+        device: &Bound<'_, PyAny>,
+        b: &BoundArgs,
+    ) -> Result<(), Leave> {
+        let sig = self.sig.get();
+        sig.encode_header(enc);
+        let unkeyable = |what: &str, e: crate::keys::WalkError| {
+            let err = ArgumentError::new_err(format!("{what} is not keyable"));
+            err.set_cause(py, Some(e.into_pyerr(py, what)));
+            Leave::Fallback(err.into_value(py).into_any())
+        };
+        encode_into(device, enc).map_err(|e| unkeyable("the current device", e))?;
+        let kfn = self.kernel_fn.bind(py);
+        let v = kfn.getattr(intern!(py, "debug"))?;
+        encode_into(&v, enc).map_err(|e| unkeyable("fn.debug", e))?;
+        let v = self.runtime.bind(py).getattr(intern!(py, "debug"))?;
+        encode_into(&v, enc).map_err(|e| unkeyable("knobs.runtime.debug", e))?;
+        for (section, attr) in &self.knobs {
+            let v = section.bind(py).getattr(attr.bind(py))?;
+            encode_into(&v, enc).map_err(|e| unkeyable("a knob", e))?;
+        }
+        enc.tuple_header(b.opts.len()).map_err(|e| Leave::Raise(PyTypeError::new_err(e.to_string())))?;
+        for &(k, v) in &b.opts {
+            encode_into(&borrowed(py, k), enc).map_err(|e| unkeyable("a launch option name", e))?;
+            encode_into(&borrowed(py, v), enc).map_err(|e| unkeyable("a launch option", e))?;
+        }
+        for (i, &p) in b.params().iter().enumerate() {
+            sig.encode_param(i, &borrowed(py, p), enc)
+                .map_err(|e| Leave::Fallback(e.into_value(py).into_any()))?;
+        }
+        Ok(())
+    }
+
+    fn is_empty_hook(&self, py: Python<'_>, h: &Bound<'_, PyAny>) -> PyResult<bool> {
+        if h.is_none() {
+            return Ok(true);
+        }
+        match &self.hook_chain {
+            Some(t) if h.get_type().is(t.bind(py)) => Ok(!h.getattr(intern!(py, "calls"))?.is_truthy()?),
+            _ => Ok(false),
+        }
+    }
+
+    fn leave<'py>(&self, py: Python<'py>, why: Leave, call: &Call<'_>) -> PyResult<Bound<'py, PyAny>> {
+        match why {
+            Leave::Raise(e) => Err(e),
+            Leave::Fallback(reason) => {
+                let (grid, args, kwargs) = call.to_python(py)?;
+                self.fallback.bind(py).call1((reason, grid, args, kwargs))
+            }
+        }
+    }
+
+    fn launch_hit<'py>(
+        &self,
+        py: Python<'py>,
+        entry: &Bound<'py, PyAny>,
+        grid: &Borrowed<'_, 'py, PyAny>,
+        device: &Bound<'py, PyAny>,
+        b: &BoundArgs,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let entry = entry.cast::<Entry>().map_err(|_| {
+            PyTypeError::new_err(
+                "jitkey.triton: the launcher's cache holds a value that is not a launch entry",
+            )
+        })?;
+        let e = entry.get();
+        let kfn = self.kernel_fn.bind(py);
+        if kfn.getattr(intern!(py, "used_global_vals"))?.is_truthy()? {
+            self.check_globals.bind(py).call0()?;
+        }
+        let params = b.params();
+        let grid = if grid.is_exact_instance_of::<PyTuple>() || !grid.is_callable() {
+            (*grid).to_owned()
+        } else {
+            let d = PyDict::new(py);
+            for (name, &p) in self.names.iter().zip(params) {
+                d.set_item(name.bind(py), borrowed(py, p))?;
+            }
+            grid.call1((d,))?
+        };
+        let one = 1i32.into_pyobject(py)?.into_any();
+        let (g0, g1, g2) = if let Ok(t) = grid.cast_exact::<PyTuple>() {
+            let n = t.len();
+            (
+                t.get_item(0)?,
+                if n > 1 { t.get_item(1)? } else { one.clone() },
+                if n > 2 { t.get_item(2)? } else { one.clone() },
+            )
+        } else {
+            let n = grid.len()?;
+            (
+                grid.get_item(0)?,
+                if n > 1 { grid.get_item(1)? } else { one.clone() },
+                if n > 2 { grid.get_item(2)? } else { one.clone() },
+            )
+        };
+        let stream = self.get_stream.bind(py).call1((device,))?;
+        let rt = self.runtime.bind(py);
+        let enter = rt.getattr(intern!(py, "launch_enter_hook"))?;
+        let exit = rt.getattr(intern!(py, "launch_exit_hook"))?;
+        let ck = e.ck.bind(py);
+        let none = py.None().into_bound(py);
+        let (md, enter, exit) = if self.is_empty_hook(py, &enter)? && self.is_empty_hook(py, &exit)? {
+            (none.clone(), none.clone(), none)
+        } else {
+            let mut items = vec![grid.as_ptr(), stream.as_ptr()];
+            items.extend_from_slice(params);
+            let md = call_with(py, &ck.getattr(intern!(py, "launch_metadata"))?, &items)?;
+            (md, enter, exit)
+        };
+        // The launch's argument tuple, filled in place (PyTuple_SetItem steals each new reference).
+        let total = 8 + e.mid.len() + params.len();
+        // SAFETY: a new tuple of `total` slots, each set exactly once below with a new reference
+        // to a live object; the tuple is owned by `t` from the start (a partly filled tuple is
+        // safe to free: empty slots are NULL).
+        let t = unsafe {
+            let t = ffi::PyTuple_New(total as ffi::Py_ssize_t);
+            if t.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            Bound::from_owned_ptr(py, t)
+        };
+        let mut at: ffi::Py_ssize_t = 0;
+        let mut put = |p: *mut ffi::PyObject| {
+            // SAFETY: see above; `at` < total.
+            unsafe {
+                ffi::Py_INCREF(p);
+                ffi::PyTuple_SetItem(t.as_ptr(), at, p);
+            }
+            at += 1;
+        };
+        for p in [g0.as_ptr(), g1.as_ptr(), g2.as_ptr(), stream.as_ptr(), e.function.as_ptr()] {
+            put(p);
+        }
+        for m in &e.mid {
+            put(m.as_ptr());
+        }
+        for p in [md.as_ptr(), enter.as_ptr(), exit.as_ptr()] {
+            put(p);
+        }
+        for &p in params {
+            put(p);
+        }
+        // SAFETY: a plain call of a live callable with a complete argument tuple.
+        unsafe {
+            Bound::from_owned_ptr_or_err(py, ffi::PyObject_Call(e.target.as_ptr(), t.as_ptr(), null_mut()))?;
+        }
+        Ok(ck.clone())
+    }
+}
+
+#[pymethods]
+impl Launcher {
+    #[new]
+    #[pyo3(signature = (
+        sig, cache, kernel_fn, runtime, knobs, check_stages, get_device, get_stream, hook_chain,
+        miss, fallback, check_globals, /
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        sig: Py<Signature>,
+        cache: Py<PyLruCache>,
+        kernel_fn: Py<PyAny>,
+        runtime: Py<PyAny>,
+        knobs: Vec<(Py<PyAny>, String)>,
+        check_stages: bool,
+        get_device: Py<PyAny>,
+        get_stream: Py<PyAny>,
+        hook_chain: Option<Py<PyAny>>,
+        miss: Py<PyAny>,
+        fallback: Py<PyAny>,
+        check_globals: Py<PyAny>,
+    ) -> Self {
+        let names = sig.get().param_names().iter().map(|n| PyString::intern(py, n).unbind()).collect();
+        let knobs = knobs.into_iter().map(|(o, a)| (o, PyString::intern(py, &a).unbind())).collect();
+        Self {
+            sig,
+            cache,
+            kernel_fn,
+            runtime,
+            knobs,
+            check_stages,
+            get_device,
+            get_stream,
+            hook_chain,
+            miss,
+            fallback,
+            check_globals,
+            names,
+        }
+    }
+
+    /// The launch function: `launch(grid, /, *args, **kwargs)` is `kernel[grid](*args, **kwargs)`.
+    /// A builtin function bound to this launcher with the vectorcall (`METH_FASTCALL`) convention,
+    /// so a call (and `functools.partial(launch, grid)(...)`) builds no argument tuple or dict.
+    #[getter]
+    fn launch<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        // SAFETY: a static method definition; the function object holds a reference to `slf`.
+        unsafe {
+            Bound::from_owned_ptr_or_err(py, ffi::PyCFunction_NewEx(launch_def(), slf.as_ptr(), null_mut()))
+        }
+    }
+
+    /// key(args, kwargs, device, /) -> bytes: the key `launch` would use on `device` (no lookup).
+    #[pyo3(signature = (args, kwargs, device, /))]
+    fn key<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+        device: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let pos: Vec<*mut ffi::PyObject> = args.iter().map(|a| a.as_ptr()).collect();
+        let kw: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)> =
+            kwargs.map(|d| d.iter().collect()).unwrap_or_default();
+        let names: Vec<_> = kw.iter().map(|(k, _)| k.as_ptr()).collect();
+        let values: Vec<_> = kw.iter().map(|(_, v)| v.as_ptr()).collect();
+        let b = self
+            .bind_params(py, &pos, &names, &values)
+            .map_err(|m| ArgumentError::new_err(format!("arguments do not bind: {m}")))?;
+        with_encoder(|enc| match self.encode_key(py, enc, device, &b) {
+            Ok(()) => Ok(pyo3::types::PyBytes::new(py, enc.as_bytes())),
+            Err(Leave::Raise(e)) => Err(e),
+            Err(Leave::Fallback(reason)) => {
+                let r = reason.bind(py);
+                Err(match r.cast::<pyo3::exceptions::PyBaseException>() {
+                    Ok(exc) => PyErr::from_value(exc.clone().into_any()),
+                    Err(_) => ArgumentError::new_err(r.to_string()),
+                })
+            }
+        })
+    }
+
+    /// The cache the launcher stores its entries in.
+    #[getter]
+    fn cache(&self, py: Python<'_>) -> Py<PyLruCache> {
+        self.cache.clone_ref(py)
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.sig)?;
+        visit.call(&self.cache)?;
+        visit.call(&self.kernel_fn)?;
+        visit.call(&self.runtime)?;
+        for (o, a) in &self.knobs {
+            visit.call(o)?;
+            visit.call(a)?;
+        }
+        visit.call(&self.get_device)?;
+        visit.call(&self.get_stream)?;
+        if let Some(h) = &self.hook_chain {
+            visit.call(h)?;
+        }
+        visit.call(&self.miss)?;
+        visit.call(&self.fallback)?;
+        visit.call(&self.check_globals)?;
+        for n in &self.names {
+            visit.call(n)?;
+        }
+        Ok(())
+    }
+}
+
+/// One launch's arguments: the grid, the positional arguments, then one value per name in
+/// `kwnames` (a tuple of str, or null).
+struct Call<'a> {
+    grid: *mut ffi::PyObject,
+    pos: &'a [*mut ffi::PyObject],
+    kw_values: &'a [*mut ffi::PyObject],
+    kwnames: *mut ffi::PyObject,
+}
+
+impl Call<'_> {
+    /// `(grid, args tuple, kwargs dict)` for the Python side (misses and fallbacks only).
+    fn to_python<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(Borrowed<'_, 'py, PyAny>, Bound<'py, PyTuple>, Bound<'py, PyDict>)> {
+        let grid = borrowed(py, self.grid);
+        let args = PyTuple::new(py, self.pos.iter().map(|&p| borrowed(py, p)))?;
+        let kwargs = PyDict::new(py);
+        if !self.kwnames.is_null() {
+            let names = borrowed(py, self.kwnames);
+            let names = names.cast::<PyTuple>()?;
+            for (name, &v) in names.iter().zip(self.kw_values) {
+                kwargs.set_item(name, borrowed(py, v))?;
+            }
+        }
+        Ok((grid, args, kwargs))
+    }
+}
+
+struct Def(*mut ffi::PyMethodDef);
+// SAFETY: a definition is written once, then only read (by CPython).
+unsafe impl Send for Def {}
+unsafe impl Sync for Def {}
+
+fn method_def(
+    name: &'static std::ffi::CStr,
+    f: ffi::PyCFunctionFastWithKeywords,
+    doc: &'static std::ffi::CStr,
+) -> Def {
+    Def(Box::into_raw(Box::new(ffi::PyMethodDef {
+        ml_name: name.as_ptr(),
+        ml_meth: ffi::PyMethodDefPointer { PyCFunctionFastWithKeywords: f },
+        ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
+        ml_doc: doc.as_ptr(),
+    })))
+}
+
+/// `launch(grid, /, *args, **kwargs)`, bound to a launcher.
+fn launch_def() -> *mut ffi::PyMethodDef {
+    static DEF: std::sync::OnceLock<Def> = std::sync::OnceLock::new();
+    DEF.get_or_init(|| {
+        method_def(
+            c"launch",
+            launch_fastcall,
+            c"launch(grid, /, *args, **kwargs): kernel[grid](*args, **kwargs)",
+        )
+    })
+    .0
+}
+
+/// `kernel[grid]`: `(*args, **kwargs)`, bound to a `(launcher, grid)` tuple.
+fn bound_def() -> *mut ffi::PyMethodDef {
+    static DEF: std::sync::OnceLock<Def> = std::sync::OnceLock::new();
+    DEF.get_or_init(|| {
+        method_def(c"launch", bound_fastcall, c"kernel[grid](*args, **kwargs) (jitkey.triton)")
+    })
+    .0
+}
+
+/// Runs `f` as the body of a C function: panics become `PanicException`, errors are restored.
+fn c_body(py: Python<'_>, f: impl FnOnce() -> PyResult<*mut ffi::PyObject>) -> *mut ffi::PyObject {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            e.restore(py);
+            null_mut()
+        }
+        Err(_) => {
+            pyo3::panic::PanicException::new_err("jitkey.triton launcher panicked").restore(py);
+            null_mut()
+        }
+    }
+}
+
+fn kw_count(kwnames: *mut ffi::PyObject) -> usize {
+    // SAFETY: null or a tuple (vectorcall protocol).
+    if kwnames.is_null() {
+        0
+    } else {
+        (unsafe { ffi::PyTuple_Size(kwnames) }) as usize
+    }
+}
+
+unsafe extern "C" fn launch_fastcall(
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls a METH_FASTCALL function attached to the interpreter, with `slf` the
+    // launcher the function was created for and `nargs` (flag bits stripped) + len(kwnames) live
+    // argument pointers.
+    let py = unsafe { Python::assume_attached() };
+    c_body(py, || {
+        let nargs = nargs as usize;
+        if nargs == 0 {
+            return Err(PyTypeError::new_err("launch() missing the grid argument"));
+        }
+        let all = unsafe { std::slice::from_raw_parts(args, nargs + kw_count(kwnames)) };
+        let launcher = unsafe { Borrowed::from_ptr(py, slf).cast_unchecked::<Launcher>() };
+        let call = Call { grid: all[0], pos: &all[1..nargs], kw_values: &all[nargs..], kwnames };
+        launcher.get().run(py, &call).map(Bound::into_ptr)
+    })
+}
+
+unsafe extern "C" fn bound_fastcall(
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: as in launch_fastcall; `slf` is the (launcher, grid) tuple `subscript` made.
+    let py = unsafe { Python::assume_attached() };
+    c_body(py, || {
+        let nargs = nargs as usize;
+        let n = nargs + kw_count(kwnames);
+        let all: &[*mut ffi::PyObject] =
+            if n == 0 { &[] } else { unsafe { std::slice::from_raw_parts(args, n) } };
+        let (launcher, grid) = unsafe { (ffi::PyTuple_GetItem(slf, 0), ffi::PyTuple_GetItem(slf, 1)) };
+        let launcher = unsafe { Borrowed::from_ptr(py, launcher).cast_unchecked::<Launcher>() };
+        let call = Call { grid, pos: &all[..nargs], kw_values: &all[nargs..], kwnames };
+        launcher.get().run(py, &call).map(Bound::into_ptr)
+    })
+}
+
+/// Base class of `jitkey.triton.TritonKernel`: `kernel[grid]` in C once a native launcher is set
+/// (`_set_launcher`), else the subclass's Python `_subscript(grid)`.
+#[pyclass(name = "_KernelBase", module = "jitkey._core", subclass, frozen)]
+pub(crate) struct KernelBase {
+    launcher: std::sync::RwLock<Option<Py<Launcher>>>,
+}
+
+#[pymethods]
+impl KernelBase {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
+        Self { launcher: std::sync::RwLock::new(None) }
+    }
+
+    /// Routes `self[grid]` to `launcher` (or back to `_subscript` with `None`).
+    #[pyo3(signature = (launcher, /))]
+    fn _set_launcher(&self, launcher: Option<Py<Launcher>>) {
+        *self.launcher.write().unwrap_or_else(std::sync::PoisonError::into_inner) = launcher;
+    }
+
+    fn __getitem__<'py>(slf: &Bound<'py, Self>, grid: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let launcher = slf
+            .get()
+            .launcher
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(|l| l.clone_ref(py));
+        match launcher {
+            Some(l) => {
+                let bound = PyTuple::new(py, [l.into_any().into_bound(py), grid.clone()])?;
+                // SAFETY: a static method definition; the function object holds the tuple.
+                unsafe {
+                    Bound::from_owned_ptr_or_err(
+                        py,
+                        ffi::PyCFunction_NewEx(bound_def(), bound.as_ptr(), null_mut()),
+                    )
+                }
+            }
+            None => slf.call_method1(intern!(py, "_subscript"), (grid,)),
+        }
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Ok(l) = self.launcher.try_read() {
+            if let Some(l) = l.as_ref() {
+                visit.call(l)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        if let Ok(mut l) = self.launcher.try_write() {
+            *l = None;
+        }
+    }
+}
+
+impl Launcher {
+    fn run<'py>(&self, py: Python<'py>, call: &Call<'_>) -> PyResult<Bound<'py, PyAny>> {
+        let kfn = self.kernel_fn.bind(py);
+        if kfn.getattr(intern!(py, "pre_run_hooks"))?.is_truthy()? {
+            let why = Leave::Fallback(intern!(py, "pre_run_hooks").clone().into_any().unbind());
+            return self.leave(py, why, call);
+        }
+        if self.check_stages
+            && !self.runtime.bind(py).getattr(intern!(py, "add_stages_inspection_hook"))?.is_none()
+        {
+            let why =
+                intern!(py, "knobs.runtime.add_stages_inspection_hook is set").clone().into_any().unbind();
+            return self.leave(py, Leave::Fallback(why), call);
+        }
+        let mut names_stack = [null_mut(); 8];
+        let mut names_heap = Vec::new();
+        let nkw = call.kw_values.len();
+        let kw_names: &mut [*mut ffi::PyObject] = if nkw <= names_stack.len() {
+            &mut names_stack[..nkw]
+        } else {
+            names_heap.resize(nkw, null_mut());
+            &mut names_heap
+        };
+        for (i, slot) in kw_names.iter_mut().enumerate() {
+            // SAFETY: kwnames is a tuple of nkw str objects (vectorcall protocol).
+            *slot = unsafe { ffi::PyTuple_GetItem(call.kwnames, i as ffi::Py_ssize_t) };
+        }
+        let b = match self.bind_params(py, call.pos, kw_names, call.kw_values) {
+            Ok(b) => b,
+            Err(msg) => {
+                let why = PyString::new(py, &format!("arguments do not bind: {msg}")).into_any().unbind();
+                return self.leave(py, Leave::Fallback(why), call);
+            }
+        };
+        let device = self.get_device.bind(py).call0()?;
+        let probe = with_encoder(|enc| -> Result<Probe<'py>, Leave> {
+            self.encode_key(py, enc, &device, &b)?;
+            let key = enc.as_bytes();
+            let h = fast_hash_state().hash(key);
+            Ok(match self.cache.get().get_encoded(py, h, key) {
+                Some(v) => Probe::Hit(v),
+                None => Probe::Miss(h, key.to_vec()),
+            })
+        });
+        let grid = borrowed(py, call.grid);
+        match probe {
+            Ok(Probe::Hit(entry)) => self.launch_hit(py, &entry, &grid, &device, &b),
+            Ok(Probe::Miss(h, key)) => {
+                let (grid, args, kwargs) = call.to_python(py)?;
+                let out = self.miss.bind(py).call1((grid, args, kwargs))?;
+                let (ret, entry): (Bound<'py, PyAny>, Bound<'py, PyAny>) = out.extract()?;
+                if !entry.is_none() {
+                    let entry = entry.cast_into::<Entry>().map_err(|_| {
+                        PyTypeError::new_err(
+                            "jitkey.triton: miss() must return (result, _TritonEntry | None)",
+                        )
+                    })?;
+                    self.cache.get().insert_encoded(h, &key, entry.into_any().unbind());
+                }
+                Ok(ret)
+            }
+            Err(why) => self.leave(py, why, call),
+        }
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Entry>()?;
+    m.add_class::<Launcher>()?;
+    m.add_class::<KernelBase>()?;
+    Ok(())
+}
