@@ -8,8 +8,17 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # CARGO_PROFILE: release (default, what the numbers are measured with) or dev-release (faster to build).
 CARGO_PROFILE ?= release
 PYTEST_ARGS ?=
+# The CPU test matrix over Triton versions: the main run uses the pinned triton (requirements-dev.txt); then
+# the Triton-dependent tests run again against TRITON_LATEST (the newest on PyPI that we support), installed
+# with --no-deps into a git-ignored folder and put first on PYTHONPATH for that run only (torch stays pinned).
+TRITON_PINNED := $(shell sed -n 's/^triton==//p' requirements-dev.txt)
+TRITON_LATEST ?= 3.9.0
+TRITON_LATEST_DIR := .triton-latest
+TRITON_LATEST_STAMP := $(TRITON_LATEST_DIR)/.installed-$(TRITON_LATEST)
+# Every test/bench module that imports triton (new ones join the matrix automatically).
+TRITON_TESTS = $(shell grep -lE '^[[:space:]]*(import triton|from triton[ .]|.*importorskip..triton)' tests/test_*.py benches/test_*.py)
 
-.PHONY: all venv build test test-rust test-python bench lint format wheel clean
+.PHONY: all venv build test test-rust test-python test-triton-latest bench lint format wheel clean
 
 all: lint test
 
@@ -25,14 +34,25 @@ venv: $(DEPS_STAMP)
 build: venv
 	$(MATURIN) develop -q --profile $(CARGO_PROFILE)
 
-## test: every test: the Rust core, then pytest (tests + benches as correctness checks)
+## test: every test: the Rust core, then pytest (tests + benches as correctness checks), then the Triton matrix
 test: build test-rust test-python
+	$(MAKE) --no-print-directory test-triton-latest
 
 test-rust:
 	cargo test -p jitkey-core
 
 test-python: build
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	JITKEY_EXPECT_TRITON=$(TRITON_PINNED) $(PY) -m pytest -q $(PYTEST_ARGS)
+
+$(TRITON_LATEST_STAMP): | venv
+	rm -rf $(TRITON_LATEST_DIR)
+	$(PY) -m pip install -q --no-deps --target $(TRITON_LATEST_DIR) triton==$(TRITON_LATEST)
+	touch $@
+
+## test-triton-latest: the Triton-dependent tests against TRITON_LATEST (asserted by tests/test_triton_matrix.py)
+test-triton-latest: build $(TRITON_LATEST_STAMP)
+	PYTHONPATH=$(abspath $(TRITON_LATEST_DIR))$${PYTHONPATH:+:$$PYTHONPATH} JITKEY_EXPECT_TRITON=$(TRITON_LATEST) \
+		$(PY) -m pytest -q $(PYTEST_ARGS) $(TRITON_TESTS)
 
 ## bench: the main job, the launch-overhead / key-cost microbenchmark
 bench: build
@@ -55,4 +75,4 @@ wheel: venv
 	$(MATURIN) build --release --out dist
 
 clean:
-	rm -rf target dist $(VENV)
+	rm -rf target dist $(VENV) $(TRITON_LATEST_DIR)

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
+import os
+
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -26,3 +30,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The torch/triton pair a run uses (the Triton CPU matrix runs twice with different tritons).
+
+    Found without importing them (cheap for runs that never touch torch); the version assertion itself is
+    tests/test_triton_matrix.py.
+    """
+    out = []
+    for name in ("torch", "triton"):
+        spec = importlib.util.find_spec(name)
+        if spec is None:
+            out.append(f"{name}: not installed")
+            continue
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            version = "?"
+        where = os.path.dirname(os.path.dirname(spec.origin or "?"))
+        out.append(f"{name}: {version} ({where})")
+    expect = os.environ.get("JITKEY_EXPECT_TRITON")
+    if expect:
+        out.append(f"JITKEY_EXPECT_TRITON={expect} (checked by tests/test_triton_matrix.py)")
+    return out

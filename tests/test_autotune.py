@@ -223,8 +223,68 @@ def test_prune_configs_by(index: jitkey.DiskIndex) -> None:
     def model(**kw: Any) -> float:
         return -float(kw["BLOCK"])
 
-    _at3, gpu3, block3 = _tune(index, prune_configs_by={"perf_model": model, "top_k": 1})
-    assert gpu3.bench_calls == 1 and block3 == 512
+    # One config left after pruning: launched without benchmarking or storing it (Triton 3.9's rule; the
+    # choice is the same as timing it alone, which Triton 3.6 does).
+    stored = len(index)
+    at3, gpu3, block3 = _tune(index, prune_configs_by={"perf_model": model, "top_k": 1})
+    assert gpu3.bench_calls == 0 and block3 == 512 and len(index) == stored
+    assert at3[(1,)](*w.args_for(1000)) == 512
+    assert at3.cache_stats()["tunings"] == 0 and at3.cache_stats()["memory_hits"] == 1
+    # A top_k fraction that rounds down to zero keeps one config (Triton 3.9; 3.6 would prune all).
+    _at4, gpu4, block4 = _tune(index, prune_configs_by={"perf_model": model, "top_k": 0.2})
+    assert gpu4.bench_calls == 0 and block4 == 512
+    _at5, gpu5, block5 = _tune(index, prune_configs_by={"perf_model": model, "top_k": 2})
+    assert gpu5.bench_calls == 2 and block5 == 256
+
+
+def test_reset_to_zero_and_restore_value_skip_none(index: jitkey.DiskIndex) -> None:
+    """An optional tensor argument passed as None is skipped by the hooks (as Triton 3.9 does)."""
+    gpu = w.SimulatedGPU()
+    at = w.make(index, gpu, reset_to_zero=["out_ptr", "y_ptr"], restore_value=["x_ptr", "y_ptr"])
+    x, y, _out, n, alpha = w.args_for(1000)
+    x.fill_(3.0)
+    y.fill_(5.0)
+    assert at[(1,)](x, y, None, n, alpha) == 256
+    assert gpu.bench_calls == 3 and float(y[0]) == 0.0 and float(x[0]) == 3.0
+    assert at[(1,)](None, y, None, n, alpha) == 256  # no dtype for x now: another key, tuned again
+    assert at.cache_stats()["tunings"] == 2
+
+
+def _has_autotune_listener() -> bool:
+    from triton import knobs
+
+    return hasattr(type(getattr(knobs, "autotuning", None)), "listener")
+
+
+@pytest.mark.skipif(not _has_autotune_listener(), reason="this Triton has no knobs.autotuning.listener")
+def test_autotune_listener_is_called_like_triton(tmp_path: Path) -> None:
+    from triton import knobs
+
+    events: list[dict[str, Any]] = []
+
+    def listener(**kw: Any) -> None:
+        events.append(kw)
+
+    old = knobs.autotuning.listener
+    knobs.autotuning.listener = listener
+    try:
+        with jitkey.DiskIndex(tmp_path / "idx") as index:
+            at, _gpu, _ = _tune(index)
+            at[(1,)](*w.args_for(1000))  # a memory hit: no event (Triton calls it only when it resolves)
+            _at2, gpu2, _ = _tune(index)  # a second autotuner: disk hit
+            _tune(index, configs=[w.CONFIGS[0]])  # a single config: no event
+    finally:
+        knobs.autotuning.listener = old
+    assert gpu2.bench_calls == 0 and len(events) == 2
+    tuned, hit = events
+    mkey = at._key(at._get_device(), w.args_for(1000), {})
+    assert tuned["fn"] is w.scale_add.fn and hit["fn"] is w.scale_add.fn
+    assert tuned["key"] == mkey and hit["key"] == mkey
+    assert tuned["best_config"] is w.CONFIGS[1] and hit["best_config"] is w.CONFIGS[1]
+    assert tuned["cache_hit"] is False and hit["cache_hit"] is True
+    assert tuned["duration"] == at.bench_time and hit["duration"] is None
+    assert set(tuned["configs_timings"]) == set(w.CONFIGS) == set(hit["configs_timings"])
+    assert list(hit["configs_timings"][w.CONFIGS[1]]) == pytest.approx([1.0, 0.9, 1.1])
 
 
 @pytest.mark.parametrize(

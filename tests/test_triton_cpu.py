@@ -3,6 +3,9 @@ the fallbacks, and the hit path against a recording stand-in for ``CompiledKerne
 
 from __future__ import annotations
 
+import inspect
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -397,6 +400,11 @@ def test_triton_internals_detected():
     info = jt._triton_info()
     assert info.problem is None, info.problem
     assert ("instrumentation_mode", "compilation", "instrumentation_mode") in info.knob_reads
+    # Independently of the scanner: every knob JITFunction.run assigns into the launch kwargs (3.9 adds
+    # fpsan_homomorphic_casts) is one the key reads.
+    src = inspect.getsource(info.JITFunction.run)
+    assigned = set(re.findall(r"^\s*kwargs\[.*\]\s*=\s*knobs\.(\w+)\.(\w+)\s*$", src, re.M))
+    assert assigned and assigned <= {(s, a) for _, s, a in info.knob_reads}
 
 
 def test_unknown_triton_rule_disables_fast_path():
@@ -441,6 +449,35 @@ def test_wrappers_fall_back_with_reason(make, fake_runtime):
     assert calls and calls[0][1]["grid"] == (1,) and calls[0][1]["warmup"] is False
     stats = kernel.cache_stats()
     assert stats["fallbacks"] == 1 and list(stats["fallback_reasons"]) == [kernel.fast_path_problem]
+
+
+def _kw_only(a, n, *, BLOCK: tl.constexpr):
+    pass
+
+
+def _var_positional(a, *rest):
+    pass
+
+
+@pytest.mark.parametrize("py_fn", [_kw_only, _var_positional])
+def test_non_positional_params_fall_back_with_reason(py_fn, fake_runtime):
+    """Triton binds keyword-only parameters (3.6, 3.9) and ``*args`` (3.9: a tuple parameter). The launcher
+    jitkey generates is positional-or-keyword only, so such kernels take Triton's own path, counted."""
+    jit_fn = triton.jit(py_fn)
+    kernel = jt.bind(jit_fn)
+    assert kernel.keyer is None and "is not positional-or-keyword" in kernel.fast_path_problem
+    args, kwargs = (
+        ((torch.empty(4), 16), {"BLOCK": 4}) if py_fn is _kw_only else ((torch.empty(4), 16, 3), {})
+    )
+    with pytest.raises(jt.Unkeyable):
+        kernel.key_of(args, kwargs, device=0)
+    calls = []
+    jit_fn.run = lambda *a, **k: calls.append((a, k)) or "ran"  # stand-in for Triton's own path
+    assert kernel[(1,)](*args, **kwargs) == "ran"
+    assert (
+        len(calls) == 1 and calls[0][0] == args and calls[0][1] == {"grid": (1,), "warmup": False, **kwargs}
+    )
+    assert kernel.cache_stats()["fallback_reasons"] == {kernel.fast_path_problem: 1}
 
 
 # --- hit path against a recording CompiledKernel stand-in -------------------------------------------------

@@ -355,7 +355,8 @@ def triton(
     do_not_specialize: Iterable[int | str] = (),
     do_not_specialize_on_alignment: Iterable[int | str] = (),
 ) -> TritonParams:
-    """Triton 3.6's specialization as signature parameters, exactly or finer.
+    """Triton's specialization as signature parameters, exactly or finer (checked against the binders of
+    Triton 3.6 and 3.9 by the CPU test matrix).
 
     From a ``triton.JITFunction`` (reads its ``params``: ``is_constexpr``, ``do_not_specialize``,
     ``do_not_specialize_on_alignment``, ``annotation_type``, defaults), or from explicit
@@ -371,8 +372,10 @@ def triton(
     (``torch._C._cuda_getDevice()``, not the tensors' device), the launch options passed as keyword
     arguments (``tuple(sorted(kwargs.items()))``: num_warps, num_stages, ...), and the knob state
     Triton folds in per call (``fn.debug or knobs.runtime.debug``,
-    ``knobs.compilation.instrumentation_mode``; on Triton >= 3.7 whether
-    ``knobs.runtime.add_stages_inspection_hook`` is set). ``extra`` is fixed per signature, so a
+    ``knobs.compilation.instrumentation_mode``, on 3.9 ``knobs.compilation.fpsan_homomorphic_casts``:
+    every ``kwargs[...] = knobs.<section>.<attr>`` the installed ``JITFunction.run`` makes, as
+    ``jitkey.triton`` detects them; on Triton >= 3.7 whether ``knobs.runtime.add_stages_inspection_hook``
+    is set). A ``*args`` parameter (Triton 3.9) is one tuple-valued parameter here. ``extra`` is fixed per signature, so a
     binding keeps one ``Signature`` per distinct (device, options, knobs) tuple (a small dict), and
     passes every parameter positionally or leaves trailing defaulted ones out.
     """

@@ -15,7 +15,10 @@ winning config on disk and launches it without benchmarking. Use it over ``@jitk
 **Selection** is Triton's: every config (after ``prune_configs_by``) is timed with ``do_bench(kernel_call,
 quantiles=(0.5, 0.2, 0.8))`` and the smallest result wins (lists compare element-wise: median first);
 configs that fail with ``OutOfResources``, ``CompileTimeAssertionFailure`` or ``PTXASError`` time as
-infinite; a single config is launched without tuning or storage.
+infinite; a single config is launched without tuning or storage, and so is the one config left when pruning
+leaves one (as Triton 3.9 does; a ``top_k`` fraction keeps at least one config). Where the installed
+Triton has ``knobs.autotuning.listener`` (3.9 does), it is called like Triton's autotuner calls it after each
+tuning or disk hit (``key`` is jitkey's in-memory key, ``fn`` the ``JITFunction``).
 
 **In-memory key** (per autotuner, an :class:`jitkey.LruCache`): the current device index, the autotune key
 arguments' exact values (defaults applied; each must be keyable by :func:`jitkey.encode`, else
@@ -42,8 +45,8 @@ config that is not ``configs[i]`` is a miss (counted as ``disk_rejects``) and th
 ``Config.ir_override`` (its file's content would have to be keyed), ``Config`` attributes this module does
 not know, ``do_bench`` together with ``warmup``/``rep``/``use_cuda_graph``, unkeyable ``Config.kwargs``
 values, and hooks or prune functions :func:`jitkey.function_key` cannot key. The autotuner-level
-``pre_hook``/``post_hook``/``reset_to_zero``/``restore_value`` only run while benchmarking (as in Triton)
-and are not part of the key.
+``pre_hook``/``post_hook``/``reset_to_zero``/``restore_value`` only run while benchmarking (as in Triton;
+``None`` arguments are skipped, as Triton 3.9 does) and are not part of the key.
 
 **Testing without a GPU**: ``do_bench=`` (the timer) and ``launcher=`` (``launcher(fn, grid, args,
 kwargs)``; default ``fn.run(*args, grid=grid, warmup=False, **kwargs)``) are injectable, so the selection,
@@ -178,6 +181,13 @@ def _config_digest(tree: tuple[Any, ...]) -> str:
 
 def _default_launcher(fn: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return fn.run(*args, grid=grid, warmup=False, **kwargs)
+
+
+def _autotune_listener() -> Callable[..., Any] | None:
+    """``triton.knobs.autotuning.listener`` where the installed Triton has it (3.9 does), else ``None``."""
+    from triton import knobs
+
+    return getattr(getattr(knobs, "autotuning", None), "listener", None)
 
 
 def _timing_order(t: Any) -> tuple[float, ...]:
@@ -339,13 +349,16 @@ class PersistentAutotuner:
     # -- Triton's hooks ------------------------------------------------------------------------------------
     def _default_pre_hook(self, kwargs: dict[str, Any], reset_only: bool = False) -> None:
         for name in self.reset_to_zero:
-            kwargs[name].zero_()
+            if kwargs[name] is not None:
+                kwargs[name].zero_()
         if not reset_only:
-            self._restore_copies = {name: kwargs[name].clone() for name in self.restore_value}
+            self._restore_copies = {
+                name: kwargs[name].clone() for name in self.restore_value if kwargs[name] is not None
+            }
 
     def _default_post_hook(self, kwargs: dict[str, Any], exception: BaseException | None) -> None:
-        for name in self.restore_value:
-            kwargs[name].copy_(self._restore_copies[name])
+        for name, value in self._restore_copies.items():
+            kwargs[name].copy_(value)
         self._restore_copies = {}
 
     # -- environment ---------------------------------------------------------------------------------------
@@ -519,14 +532,60 @@ class PersistentAutotuner:
                     with self._lock:
                         self._stats["disk_hits"] += 1
                     cfg = self.configs[i]
+                    listener = _autotune_listener()
+                    if listener is not None:
+                        self._notify(listener, mkey, cfg, self._stored_timings(raw), None, cache_hit=True)
                     return cfg, cfg.all_kwargs()
                 with self._lock:
                     self._stats["disk_rejects"] += 1
         best, timings = self._tune(grid, args, kwargs)
+        cfg = self.configs[best]
+        if not timings:  # one config left after pruning: nothing was benchmarked, nothing to store
+            return cfg, cfg.all_kwargs()
         if dkey is not None and self._index is not None:
             self._index.put(dkey, self._encode(best, timings))
-        cfg = self.configs[best]
+        listener = _autotune_listener()
+        if listener is not None:
+            self._notify(listener, mkey, cfg, self.configs_timings, self.bench_time, cache_hit=False)
         return cfg, cfg.all_kwargs()
+
+    def _notify(
+        self,
+        listener: Callable[..., Any],
+        mkey: tuple[Any, ...],
+        cfg: Any,
+        timings: dict[Any, Any],
+        duration: float | None,
+        *,
+        cache_hit: bool,
+    ) -> None:
+        """Call ``knobs.autotuning.listener`` with the arguments Triton's autotuner passes it."""
+        from triton.runtime.jit import JITFunction
+
+        jit_fn = self.fn
+        while not isinstance(jit_fn, JITFunction):
+            jit_fn = jit_fn.fn
+        listener(
+            fn=jit_fn,
+            key=mkey,
+            best_config=cfg,
+            configs_timings=timings,
+            duration=duration,
+            cache_hit=cache_hit,
+        )
+
+    def _stored_timings(self, raw: bytes) -> dict[Any, Any]:
+        """``{config: timing}`` of a stored value :meth:`_decode` accepted."""
+        out: dict[Any, Any] = {}
+        for item in json.loads(raw).get("timings", []):
+            if (
+                isinstance(item, list)
+                and len(item) == 2
+                and type(item[0]) is int
+                and 0 <= item[0] < len(self.configs)
+            ):
+                out[self.configs[item[0]]] = item[1]
+        return out
 
     def _encode(self, best: int, timings: dict[int, Any]) -> bytes:
         value = {
@@ -563,7 +622,7 @@ class PersistentAutotuner:
         if self.perf_model:
             top_k = self.configs_top_k
             if isinstance(top_k, float) and top_k <= 1.0:
-                top_k = int(len(self.configs) * top_k)
+                top_k = max(1, int(len(self.configs) * top_k))  # as Triton 3.9: at least one
             elif not isinstance(top_k, int):
                 raise TypeError("prune_configs_by['top_k'] must be an int or a float <= 1.0")
             if len(pruned) > top_k:
@@ -580,6 +639,10 @@ class PersistentAutotuner:
         for c in pruned:
             if id(c) not in index_of:
                 raise ValueError("early_config_prune / perf_model must return configs from the configs list")
+        if len(pruned) == 1:
+            # Triton 3.9 launches a lone pruned config without benchmarking it (3.6 times it alone:
+            # the same choice, one wasted benchmark).
+            return index_of[id(pruned[0])], {}
         errors = _bench_errors()
         bench = self.do_bench
         timings: dict[int, Any] = {}
