@@ -699,3 +699,139 @@ def test_cpu_without_driver_goes_to_triton():
     with pytest.raises(Exception):  # noqa: B017 - whatever Triton raises without a driver
         kernel[(1,)](x, x, 16, 5, 1.0, True, 64)
     assert kernel.cache_stats()["fallbacks"] == 1
+
+
+# --- the native launcher (jitkey._core._TritonLauncher) and the direct C launch ------------------------------
+
+needs_native = pytest.mark.skipif(not jt.native_available(), reason="this build has no native keyer")
+
+
+@needs_native
+def test_native_subscript_is_c_once_launched(fake_runtime, fake_triton):
+    fake_triton(k_full, "full")
+    kernel = jt.bind(k_full, keyer=jt.native_keyer)
+    x = torch.empty(64)
+    # the first subscript goes through Python's _subscript, which builds the launcher and routes later
+    # subscripts to C
+    assert type(kernel[(1,)]).__name__ == "partial"
+    ck = kernel[(1,)](x, x, 16, 5, 1.0, True, 64)
+    bound = kernel[(2,)]
+    assert type(bound).__name__ == "builtin_function_or_method"
+    assert bound(x, x, 16, 5, 1.0, True, 64) is ck
+    assert ck.launches[-1][:3] == (2, 1, 1)
+
+
+@needs_native
+def test_native_grid_as_list_and_launch_options(fake_runtime, fake_triton):
+    state = fake_triton(k_full, "full")
+    kernel = jt.bind(k_full, keyer=jt.native_keyer)
+    x = torch.empty(64)
+    ck = kernel[[2, 3]](x, x, 16, 5, 1.0, True, 64, num_warps=4)
+    assert state["calls"][-1][1] == {"num_warps": 4}  # options reach Triton on the miss
+    assert kernel[[2, 3]](x, x, 16, 5, 1.0, True, 64, num_warps=4) is ck
+    assert ck.launches[-1][:3] == (2, 3, 1) and ck.launches[-1][9:] == (x, x, 16, 5, 1.0, True, 64, 7)
+    kernel[(1,)](x, x, 16, 5, 1.0, True, 64, num_warps=8)  # other options: another key, a miss
+    assert len(state["calls"]) == 2 and state["calls"][-1][1] == {"num_warps": 8}
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "args, kwargs, why",
+    [
+        ((1, 2, 3, 4, 5, 6, 7, 8, 9), {}, "positional arguments"),
+        ((1, 2, 3), {}, "missing a required argument: 'm'"),
+        ((1, 2, 3, 4, 5, 6, 7), {"n": 1}, "multiple values for argument 'n'"),
+    ],
+)
+def test_native_binding_errors_go_to_triton_unchanged(fake_runtime, fake_triton, args, kwargs, why):
+    """A call that does not bind reaches Triton's own path with its exact arguments (Triton raises)."""
+    fake_triton(k_full, "full")
+    kernel = jt.bind(k_full, keyer=jt.native_keyer)
+    x = torch.empty(64)
+    kernel[(1,)](x, x, 16, 5, 1.0, True, 64)  # the launcher exists
+    calls = []
+    k_full.run = lambda *a, **k: calls.append((a, k)) or "triton"
+    assert kernel[(1,)](*args, **kwargs) == "triton"
+    assert calls == [(args, {"grid": (1,), "warmup": False, **kwargs})]
+    (reason,) = kernel.cache_stats()["fallback_reasons"]
+    assert reason.startswith("arguments do not bind") and why in reason
+
+
+@needs_native
+def test_native_key_of_matches_the_launch_key(fake_runtime, fake_triton):
+    """key_of is the key the launcher stores under: two calls share an entry iff their key_of agree."""
+    state = fake_triton(k_full, "full")
+    kernel = jt.bind(k_full, keyer=jt.native_keyer)
+    x = torch.empty(64)
+    calls = [
+        ((x, x, 16, 5, 1.0, True, 64), {}),
+        ((x, x, 17, 7, 2.0, True), {"BLOCK": 64}),
+        ((x,), {"b": x, "n": 16, "m": 5, "f": 1.0, "flag": True, "BLOCK": 64, "OPT": 7}),
+        ((x[1:], x, 16, 5, 1.0, True, 64), {}),
+        ((x, x, 16, 5, 1.0, True, 64), {"num_warps": 2}),
+    ]
+    keys = []
+    for i, (args, kwargs) in enumerate(calls):
+        before = len(state["calls"])
+        kernel[(1,)](*args, **kwargs)
+        key = kernel.key_of(args, kwargs, device=0)
+        assert (len(state["calls"]) == before) == (key in keys), i  # a hit iff an earlier call had this key
+        keys.append(key)
+    assert keys[0] == keys[2] != keys[1] and len(set(keys)) == 4
+
+
+def _cuda_launcher(**attrs):
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    run = CudaLauncher.__new__(CudaLauncher)  # no compile: only the attributes __call__ reads
+    launches = []
+    run.launch = lambda *a: launches.append(a)
+    fields = {
+        "num_ctas": 1,
+        "global_scratch_size": 0,
+        "global_scratch_align": 1,
+        "profile_scratch_size": 0,
+        "profile_scratch_align": 1,
+        "launch_cooperative_grid": False,
+        "launch_pdl": True,
+        **attrs,
+    }
+    for name, value in fields.items():
+        setattr(run, name, value)
+    return run, launches
+
+
+def test_direct_c_launch_passes_exactly_what_ck_run_would():
+    if jt._triton_info().launcher_call is None:
+        pytest.skip(
+            "this Triton's CudaLauncher.__call__ is not code jitkey forwards around (hits call ck.run)"
+        )
+    run, launches = _cuda_launcher()
+    pm = (4, 1, 0)
+    target, mid = jt._launch_target(run, pm)
+    assert target is run.launch
+    args = (torch.empty(4), 7, 8.0, None)
+    run(2, 3, 4, 99, 1234, pm, "md", "enter", "exit", *args)  # CudaLauncher.__call__ itself
+    target(2, 3, 4, 99, 1234, *mid, "md", "enter", "exit", *args)  # what a hit calls
+    assert len(launches) == 2 and launches[0] == launches[1]
+
+
+@pytest.mark.parametrize("attrs", [{"global_scratch_size": 64}, {"profile_scratch_size": 8}])
+def test_direct_c_launch_not_used_when_scratch_is_needed(attrs):
+    run, _ = _cuda_launcher(**attrs)
+    pm = (4, 1, 0)
+    assert jt._launch_target(run, pm) == (run, (pm,))
+
+
+def test_direct_c_launch_needs_known_launcher_code(monkeypatch):
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    original = CudaLauncher.__call__
+
+    def patched(self, *args):  # e.g. a profiler wrapping the launcher
+        return original(self, *args)
+
+    monkeypatch.setattr(CudaLauncher, "__call__", patched)
+    assert jt._known_launcher_call() is None
+    run, _ = _cuda_launcher()
+    assert jt._launch_target(run, (4, 1, 0)) == (run, ((4, 1, 0),))

@@ -5,7 +5,7 @@ import pathlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar, final, overload
 
-from typing_extensions import Self
+from typing_extensions import Self, disjoint_base
 
 _T = TypeVar("_T")
 
@@ -299,7 +299,8 @@ class Signature:
         """Return the cached value for the call, or call ``factory()``, store and return its result.
 
         The factory runs with no lock held; an exception from it propagates and stores nothing.
-        Not single-flight yet: two threads missing on one key may both run the factory.
+        Single-flight: concurrent misses on one call key run ``factory`` once and share its result
+        (or its exception).
         """
     def flatten(self, args: tuple[Any, ...], /) -> tuple[Any, ...]:
         """The key as a tuple: ``(extra, leaf_0, leaf_1, ...)``, one tuple of components per parameter.
@@ -317,3 +318,69 @@ def _install_tensor_layout(layout: dict[str, Any], /) -> bool:
 
 def _tensor_layout_installed() -> bool:
     """Private: whether tensor metadata is read directly from torch's ``TensorImpl``."""
+
+@final
+class _TritonEntry:
+    """Private (:mod:`jitkey.triton`): what a launcher hit launches.
+
+    ``target(gx, gy, gz, stream, function, *mid, launch_metadata, enter_hook, exit_hook, *params)``,
+    then the hit returns ``ck``. ``target`` is ``ck.run`` with ``mid == (packed_metadata,)``, or the
+    CUDA launcher's C ``launch`` with the arguments its ``__call__`` would insert.
+    """
+
+    def __new__(
+        cls, ck: object, target: Callable[..., Any], function: object, mid: tuple[Any, ...], /
+    ) -> _TritonEntry: ...
+    @property
+    def ck(self) -> Any: ...
+    @property
+    def target(self) -> Callable[..., Any]: ...
+    @property
+    def function(self) -> Any: ...
+    @property
+    def mid(self) -> tuple[Any, ...]: ...
+
+@final
+class _TritonLauncher:
+    """Private (:mod:`jitkey.triton`): the warm-launch path of one Triton kernel in one native call.
+
+    Binds the call, reads the current device and the knobs, keys the call (``sig``'s rules, after the
+    device, knob values and sorted launch options), probes ``cache``; a hit checks the globals, resolves
+    the grid, reads the stream and the launch hooks and launches. A miss calls
+    ``miss(grid, args, kwargs) -> (result, _TritonEntry | None)`` and stores the entry; anything else
+    calls ``fallback(reason, grid, args, kwargs)``.
+    """
+
+    def __new__(
+        cls,
+        sig: Signature,
+        cache: LruCache,
+        kernel_fn: Any,
+        runtime: Any,
+        knobs: list[tuple[Any, str]],
+        check_stages: bool,
+        get_device: Callable[[], int],
+        get_stream: Callable[[int], int],
+        hook_chain: type | None,
+        miss: Callable[[Any, tuple[Any, ...], dict[str, Any]], tuple[Any, Any]],
+        fallback: Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any],
+        check_globals: Callable[[], None],
+        /,
+    ) -> _TritonLauncher: ...
+    @property
+    def launch(self) -> Callable[..., Any]:
+        """``launch(grid, /, *args, **kwargs)``: a builtin bound to this launcher (vectorcall)."""
+    def key(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None, device: int, /) -> bytes:
+        """The key ``launch`` would use for this call on ``device`` (no lookup, no launch)."""
+    @property
+    def cache(self) -> LruCache:
+        """The cache the launcher stores its entries in."""
+
+@disjoint_base
+class _KernelBase:
+    """Private: base of :class:`jitkey.triton.TritonKernel`; ``self[grid]`` in C once a launcher is set."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self: ...
+    def _set_launcher(self, launcher: _TritonLauncher | None, /) -> None:
+        """Route ``self[grid]`` to ``launcher`` (``None``: back to the subclass's ``_subscript``)."""
+    def __getitem__(self, grid: Any, /) -> Callable[..., Any]: ...

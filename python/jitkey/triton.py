@@ -891,7 +891,7 @@ def _launch_target(run: Any, packed_metadata: Any) -> tuple[Any, tuple[Any, ...]
     scratch buffer, the launcher's own ``launch`` with the arguments that ``__call__`` would insert.
     """
     call = _triton_info().launcher_call
-    if call is not None and getattr(type(run), "__call__", None) is call:
+    if call is not None and type(run).__call__ is call:
         try:
             sizes = (run.global_scratch_size, run.profile_scratch_size)
             if all(type(x) is int and x <= 0 for x in sizes):

@@ -109,7 +109,9 @@ def _case_mixed() -> tuple[str, Any, tuple[Any, ...], torch.Tensor, torch.Tensor
     )
 
 
-def _time_interleaved(impls: dict[str, Callable[[], Any]], batches: int, launches: int) -> dict[str, list[float]]:
+def _time_interleaved(
+    impls: dict[str, Callable[[], Any]], batches: int, launches: int
+) -> dict[str, list[float]]:
     """Host µs per launch of each batch, per implementation. The implementations take turns batch by batch
     (in a rotating order), so a slow phase of a noisy host hits every one of them alike."""
     for fn in impls.values():
