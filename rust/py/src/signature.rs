@@ -82,8 +82,8 @@ struct Layout {
     types: [usize; 2],
     impl_vtable: usize,
     storage_vtable: usize,
-    /// TypeMeta index → (dtype short name, itemsize).
-    dtypes: Vec<Option<(&'static str, u64)>>,
+    /// TypeMeta index → (itemsize, the dtype's short name as the key writes it: length byte + bytes).
+    dtypes: Vec<Option<(u64, &'static [u8])>>,
     pyobj_tensorimpl: usize,
     impl_storage: usize,
     storage_data: usize,
@@ -106,7 +106,8 @@ static LAYOUT: OnceLock<Layout> = OnceLock::new();
 /// A tensor whose fields may be read directly: a plain `TensorImpl` of a known dtype.
 struct Direct {
     imp: *const u8,
-    name: &'static str,
+    /// The dtype's name as `write_short` writes it.
+    short: &'static [u8],
     itemsize: u64,
     l: &'static Layout,
 }
@@ -135,8 +136,8 @@ fn direct(obj: &Bound<'_, PyAny>) -> Option<Direct> {
             return None;
         }
         let idx = usize::from(imp.add(l.impl_dtype).cast::<u16>().read_unaligned());
-        let (name, itemsize) = (*l.dtypes.get(idx)?)?;
-        Some(Direct { imp, name, itemsize, l })
+        let (itemsize, short) = (*l.dtypes.get(idx)?)?;
+        Some(Direct { imp, short, itemsize, l })
     }
 }
 
@@ -216,7 +217,7 @@ fn _install_tensor_layout(layout: &Bound<'_, pyo3::types::PyDict>) -> PyResult<b
     let t1 = types.get_item(1)?;
     let offs = get("offsets")?;
     let off = |k: &str| -> PyResult<usize> { offs.get_item(k)?.extract() };
-    let mut dtypes: Vec<Option<(&'static str, u64)>> = Vec::new();
+    let mut dtypes: Vec<Option<(u64, &'static [u8])>> = Vec::new();
     for entry in get("dtypes")?.try_iter()? {
         let (idx, name, size): (usize, String, u64) = entry?.extract()?;
         if idx > u16::MAX as usize {
@@ -225,7 +226,10 @@ fn _install_tensor_layout(layout: &Bound<'_, pyo3::types::PyDict>) -> PyResult<b
         if dtypes.len() <= idx {
             dtypes.resize(idx + 1, None);
         }
-        dtypes[idx] = Some((Box::leak(name.into_boxed_str()), size));
+        let len = u8::try_from(name.len())
+            .map_err(|_| PyValueError::new_err("dtype name longer than 255 bytes"))?;
+        let short: &'static [u8] = Box::leak([&[len][..], name.as_bytes()].concat().into_boxed_slice());
+        dtypes[idx] = Some((size, short));
     }
     let l = Layout {
         types: [t0.as_ptr() as usize, t1.as_ptr() as usize],
@@ -725,7 +729,7 @@ fn encode_tensor(t: &TensorRule, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> F
     let fast = direct(obj);
     if t.dtype {
         match &fast {
-            Some(f) => write_short(enc, f.name)?,
+            Some(f) => enc.raw(f.short),
             None => {
                 let d = obj.getattr(intern!(py, "dtype")).map_err(Fail::py)?;
                 write_short(enc, dtype_name(&d)?)?;
@@ -771,6 +775,8 @@ fn encode_tensor(t: &TensorRule, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> F
             }
             return encode_tensor_rest(t, obj, enc, Some(f));
         }
+        // No dims keyed (Triton's rules): nothing for the attribute path to read either.
+        return encode_tensor_rest(t, obj, enc, Some(f));
     }
     encode_tensor_dims_slow(t, obj, enc)?;
     encode_tensor_rest(t, obj, enc, fast.as_ref())
