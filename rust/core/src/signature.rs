@@ -45,6 +45,10 @@ pub mod tag {
     pub const LIST: u8 = 0x15;
     /// A bool keyed by type only.
     pub const BOOL_TYPE: u8 = 0x16;
+    /// A tensor keyed by dtype (+ alignment) in a process-local form: the dtype's in-process index
+    /// (u16 LE) and the alignment bit. Written only into in-memory keys (the Triton launcher's
+    /// cache), never into a `Signature`'s encodings; never decoded or persisted.
+    pub const TENSOR_IN_PROCESS: u8 = 0x17;
 }
 
 /// Version of the plan description written into every header.

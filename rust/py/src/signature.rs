@@ -106,6 +106,8 @@ static LAYOUT: OnceLock<Layout> = OnceLock::new();
 /// A tensor whose fields may be read directly: a plain `TensorImpl` of a known dtype.
 struct Direct {
     imp: *const u8,
+    /// The dtype's TypeMeta index (process-local).
+    idx: u16,
     /// The dtype's name as `write_short` writes it.
     short: &'static [u8],
     itemsize: u64,
@@ -135,9 +137,9 @@ fn direct(obj: &Bound<'_, PyAny>) -> Option<Direct> {
         if imp.is_null() || rd(imp, 0) != l.impl_vtable {
             return None;
         }
-        let idx = usize::from(imp.add(l.impl_dtype).cast::<u16>().read_unaligned());
-        let (itemsize, short) = (*l.dtypes.get(idx)?)?;
-        Some(Direct { imp, short, itemsize, l })
+        let raw_idx = imp.add(l.impl_dtype).cast::<u16>().read_unaligned();
+        let (itemsize, short) = (*l.dtypes.get(usize::from(raw_idx))?)?;
+        Some(Direct { imp, idx: raw_idx, short, itemsize, l })
     }
 }
 
@@ -1098,6 +1100,9 @@ pub(crate) struct Signature {
     required: usize,
     header: Box<[u8]>,
     extra: Py<PyAny>,
+    /// Per parameter: `Some(align)` when its rule keys a tensor by dtype (+ `data_ptr() % align`,
+    /// 0 = not keyed) and nothing else, so `encode_param_in_process` may use the short form.
+    dtype_align_only: Vec<Option<u32>>,
 }
 
 impl Signature {
@@ -1140,6 +1145,38 @@ impl Signature {
     #[inline]
     pub(crate) fn encode_header(&self, enc: &mut Encoder) {
         enc.raw(&self.header);
+    }
+
+    /// As `encode_param`, except that an exact `torch.Tensor` read directly, under a rule that
+    /// keys only its dtype and alignment, is written as a 4-byte process-local leaf
+    /// (`tag::TENSOR_IN_PROCESS`, dtype index, aligned). For keys that never leave the process:
+    /// equal buckets still give equal bytes (the same tensor always takes the same path), and the
+    /// leaf's tag differs from every other leaf's, so distinct buckets never collide.
+    #[inline]
+    pub(crate) fn encode_param_in_process(
+        &self,
+        i: usize,
+        obj: &Bound<'_, PyAny>,
+        enc: &mut Encoder,
+    ) -> PyResult<()> {
+        if let Some(align) = self.dtype_align_only[i] {
+            // SAFETY: obj is live.
+            if unsafe { ffi::Py_TYPE(obj.as_ptr()) } == TENSOR_TYPE.load(Ordering::Relaxed) {
+                if let Some(f) = direct(obj) {
+                    let aligned = if align == 0 {
+                        Some(true)
+                    } else {
+                        f.data_ptr().map(|p| p & u64::from(align - 1) == 0)
+                    };
+                    if let Some(a) = aligned {
+                        let [lo, hi] = f.idx.to_le_bytes();
+                        enc.raw(&[stag::TENSOR_IN_PROCESS, lo, hi, u8::from(a)]);
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        self.encode_param(i, obj, enc)
     }
 
     /// Writes parameter `i`'s part of the key (the caller writes the header and every parameter
@@ -1281,6 +1318,22 @@ impl Signature {
             })?;
             core_sig::header(&rules, enc.as_bytes()).map_err(|e| SignatureError::new_err(e.to_string()))
         })?;
+        let dtype_align_only = rules
+            .iter()
+            .map(|r| {
+                let t = match r {
+                    Rule::Tensor(t) => Some(t),
+                    Rule::ByType(b) => b.tensor.as_ref(),
+                    _ => None,
+                }?;
+                let plain = t.dtype
+                    && t.shape == ShapeMode::Ignore
+                    && t.strides == StrideMode::Ignore
+                    && t.device == DeviceMode::Ignore
+                    && !t.numel_i64;
+                plain.then_some(t.align)
+            })
+            .collect();
         let sig = Self {
             names,
             rules,
@@ -1288,6 +1341,7 @@ impl Signature {
             required,
             header: header.into_boxed_slice(),
             extra: extra.unbind(),
+            dtype_align_only,
         };
         // Defaults must be keyable by their rules: check now rather than on the first short call.
         for (i, d) in sig.defaults.iter().enumerate() {
