@@ -158,6 +158,22 @@ pub(crate) unsafe fn tuple_item(tuple: *mut ffi::PyObject, i: ffi::Py_ssize_t) -
     }
 }
 
+/// Fills slot `i` of a tuple just made by `PyTuple_New`, stealing `item` (a new reference).
+///
+/// # Safety
+/// `tuple` is a fresh, not yet shared tuple, `0 <= i < len`, and slot `i` is still empty.
+#[inline(always)]
+pub(crate) unsafe fn tuple_fill(tuple: *mut ffi::PyObject, i: ffi::Py_ssize_t, item: *mut ffi::PyObject) {
+    if FAST_LAYOUT.load(Ordering::Relaxed) {
+        // SAFETY: layout verified by `init_layout`; the slot is empty, so nothing is overwritten.
+        unsafe {
+            *tuple.cast::<u8>().add(TUPLE_ITEMS_OFFSET).cast::<*mut ffi::PyObject>().add(i as usize) = item
+        }
+    } else {
+        unsafe { ffi::PyTuple_SetItem(tuple, i, item) };
+    }
+}
+
 /// Length of an exact tuple. `ob_size` of `PyVarObject` is part of the stable ABI (`Py_SIZE`).
 ///
 /// # Safety

@@ -24,7 +24,7 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 use jitkey_core::key::Encoder;
 
 use crate::errors::ArgumentError;
-use crate::keys::{encode_into, fast_hash_state, with_encoder};
+use crate::keys::{encode_into, fast_hash_state, tuple_fill, tuple_item, with_encoder};
 use crate::lru::PyLruCache;
 use crate::signature::Signature;
 
@@ -352,7 +352,7 @@ impl Launcher {
             // SAFETY: see above; `at` < total.
             unsafe {
                 ffi::Py_INCREF(p);
-                ffi::PyTuple_SetItem(t.as_ptr(), at, p);
+                tuple_fill(t.as_ptr(), at, p);
             }
             at += 1;
         };
@@ -618,7 +618,7 @@ unsafe extern "C" fn bound_fastcall(
         let n = nargs + kw_count(kwnames);
         let all: &[*mut ffi::PyObject] =
             if n == 0 { &[] } else { unsafe { std::slice::from_raw_parts(args, n) } };
-        let (launcher, grid) = unsafe { (ffi::PyTuple_GetItem(slf, 0), ffi::PyTuple_GetItem(slf, 1)) };
+        let (launcher, grid) = unsafe { (tuple_item(slf, 0), tuple_item(slf, 1)) };
         let launcher = unsafe { Borrowed::from_ptr(py, launcher).cast_unchecked::<Launcher>() };
         let call = Call { grid, pos: &all[..nargs], kw_values: &all[nargs..], kwnames };
         launcher.get().run(py, &call).map(Bound::into_ptr)
@@ -711,7 +711,7 @@ impl Launcher {
         };
         for (i, slot) in kw_names.iter_mut().enumerate() {
             // SAFETY: kwnames is a tuple of nkw str objects (vectorcall protocol).
-            *slot = unsafe { ffi::PyTuple_GetItem(call.kwnames, i as ffi::Py_ssize_t) };
+            *slot = unsafe { tuple_item(call.kwnames, i as ffi::Py_ssize_t) };
         }
         let b = match self.bind_params(py, call.pos, kw_names, call.kw_values) {
             Ok(b) => b,
