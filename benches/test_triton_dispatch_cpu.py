@@ -1,7 +1,8 @@
 """CPU benchmark of the jitkey Triton binding's host path (no GPU: the launcher is a recording no-op).
 
-Compares, in one run: Triton's own binder + ``compute_cache_key`` (the part of ``fn[grid]`` that runs without
-a driver), each available keyer's lookup, and the whole jitkey hit path up to the launcher call. Each case
+Compares, in one run (one benchmark group per case): Triton's own binder + ``compute_cache_key`` (the part of
+``fn[grid]`` that runs without a driver), each available keyer's lookup, the whole jitkey hit path including
+the (no-op) launcher call, and that launcher call alone, as a hand-written launcher would make it. Each case
 checks its result before it is timed. In CI this runs with ``--benchmark-disable`` (correctness only).
 """
 
@@ -30,10 +31,19 @@ def bench13_kernel(x, y, z, out, n, a, b, c, f0, f1, f2, f3, BLOCK: tl.constexpr
     pass
 
 
+# fmt: off
+@triton.jit
+def bench18_kernel(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, out, n,
+                   BLOCK: tl.constexpr):
+    pass
+# fmt: on
+
+
 _X = torch.empty(4096)
 CASES = {
     "5 args": (bench4_kernel, (_X, _X, _X, 4096, 1024)),
     "13 args": (bench13_kernel, (_X, _X, _X, _X, 4096, 3, 16, 7, 0.5, 1.5, -2.0, 0.25, 1024)),
+    "18 args": (bench18_kernel, (*(_X,) * 16, 4096, 1024)),
 }
 KEYERS = {"python": jt.python_keyer}
 if jt.native_available():
@@ -69,6 +79,7 @@ class _NoopCK:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_triton_binder_and_key(benchmark, case):
+    benchmark.group = case
     fn, args = CASES[case]
     binder = create_function_from_signature(fn.signature, fn.params, make_backend(GPUTarget("cuda", 90, 32)))
     kkc: dict = {}
@@ -84,6 +95,7 @@ def test_triton_binder_and_key(benchmark, case):
 @pytest.mark.parametrize("keyer", list(KEYERS))
 @pytest.mark.parametrize("case", list(CASES))
 def test_keyer_lookup(benchmark, case, keyer):
+    benchmark.group = case
     fn, args = CASES[case]
     kernel = jt.bind(fn, keyer=KEYERS[keyer])
     full = ((0, (None, False, ""), ()), *args)
@@ -96,6 +108,7 @@ def test_keyer_lookup(benchmark, case, keyer):
 @pytest.mark.parametrize("keyer", list(KEYERS))
 @pytest.mark.parametrize("case", list(CASES))
 def test_jitkey_hit_path(benchmark, monkeypatch, case, keyer):
+    benchmark.group = case
     fn, args = CASES[case]
     monkeypatch.setattr(jt, "_runtime", _Runtime())
     ck = _NoopCK()
@@ -105,3 +118,22 @@ def test_jitkey_hit_path(benchmark, monkeypatch, case, keyer):
     assert kernel[(1,)](*args) is ck and ck.launches == 1  # the hit launched directly
     benchmark(lambda: kernel[(1,)](*args))
     assert kernel.cache_stats()["fallbacks"] == 0
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiled_kernel_run_direct(benchmark, case):
+    """The floor the hit path is compared with: the same no-op ``run`` called as a hand-written launcher
+    would (stream read per call, everything else precomputed)."""
+    benchmark.group = case
+    _, args = CASES[case]
+    ck = _NoopCK()
+    rt = _Runtime()
+
+    def launch():
+        ck.run(
+            1, 1, 1, rt.get_stream(rt.get_device()), ck.function, ck.packed_metadata, None, None, None, *args
+        )
+
+    launch()
+    assert ck.launches == 1
+    benchmark(launch)
