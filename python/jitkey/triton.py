@@ -17,7 +17,10 @@
   Triton would not pick for the same call.
 * **Hit.** The current stream is read on every call (``torch.cuda.stream()`` contexts and CUDA-graph
   capture work); launch hooks and ``launch_metadata`` are passed only when a hook chain is non-empty
-  (checked on every call); globals the kernel reads are checked like Triton does; then ``ck.run(...)``.
+  (checked on every call); globals the kernel reads are checked like Triton does; then ``ck.run(...)``, or
+  the CUDA launcher's C ``launch`` with the same arguments when ``CudaLauncher.__call__`` is code known to
+  only forward to it (see ``_FORWARDING_CALLS``) and the kernel needs no scratch buffer. With the native
+  keyer the whole hit runs in one native call (``jitkey._core._TritonLauncher``) and ``kernel[grid]`` is C.
 * **Fallback.** Anything not proven safe goes through Triton's own path and is counted in
   :meth:`TritonKernel.cache_stats` with its reason: ``pre_run_hooks``, argument types outside the rules,
   unkeyable launch options, wrappers other than a plain ``JITFunction`` (``@triton.autotune`` /
@@ -28,9 +31,10 @@
 for the inner launch: the autotuner keeps its own logic (keys, pre-hooks, config kwargs) and calls
 ``kernel.run(..., warmup=False)``, which is the jitkey launch.
 
-The per-call key comes from a small *keyer* (see :class:`Keyer`): :class:`PythonKeyer` is the pure-Python
-implementation over :class:`jitkey.LruCache`; a native ``jitkey.Signature``-based keyer can replace it
-(``bind(fn, keyer=...)`` or :func:`set_default_keyer`) without touching the launch logic.
+The per-call key comes from a *keyer* (see :class:`Keyer`): :class:`NativeKeyer` (the default where the build
+has it) compiles ``jitkey.rules.triton(fn)`` into a ``jitkey.Signature`` and launches through the native
+launcher; :class:`PythonKeyer` is the pure-Python implementation over :class:`jitkey.LruCache`, launched by a
+Python function generated per kernel (``bind(fn, keyer=...)`` or :func:`set_default_keyer` choose).
 """
 
 from __future__ import annotations

@@ -583,46 +583,67 @@ fn kw_count(kwnames: *mut ffi::PyObject) -> usize {
     }
 }
 
-unsafe extern "C" fn launch_fastcall(
+/// The body shared by the two METH_FASTCALL entry points. `pick(slf, all, nargs)` names the
+/// launcher, the grid and where the positional arguments start in `all` (positional arguments,
+/// then one value per name in `kwnames`).
+///
+/// # Safety
+/// Called by CPython for a METH_FASTCALL function, attached to the interpreter, with `nargs` (flag
+/// bits stripped) + len(kwnames) live argument pointers; `pick` returns a launcher object.
+unsafe fn fastcall(
     slf: *mut ffi::PyObject,
     args: *const *mut ffi::PyObject,
     nargs: ffi::Py_ssize_t,
     kwnames: *mut ffi::PyObject,
+    pick: impl FnOnce(
+        *mut ffi::PyObject,
+        &[*mut ffi::PyObject],
+        usize,
+    ) -> PyResult<(*mut ffi::PyObject, *mut ffi::PyObject, usize)>,
 ) -> *mut ffi::PyObject {
-    // SAFETY: CPython calls a METH_FASTCALL function attached to the interpreter, with `slf` the
-    // launcher the function was created for and `nargs` (flag bits stripped) + len(kwnames) live
-    // argument pointers.
-    let py = unsafe { Python::assume_attached() };
-    c_body(py, || {
-        let nargs = nargs as usize;
-        if nargs == 0 {
-            return Err(PyTypeError::new_err("launch() missing the grid argument"));
-        }
-        let all = unsafe { std::slice::from_raw_parts(args, nargs + kw_count(kwnames)) };
-        let launcher = unsafe { Borrowed::from_ptr(py, slf).cast_unchecked::<Launcher>() };
-        let call = Call { grid: all[0], pos: &all[1..nargs], kw_values: &all[nargs..], kwnames };
-        launcher.get().run(py, &call).map(Bound::into_ptr)
-    })
-}
-
-unsafe extern "C" fn bound_fastcall(
-    slf: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
-    nargs: ffi::Py_ssize_t,
-    kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    // SAFETY: as in launch_fastcall; `slf` is the (launcher, grid) tuple `subscript` made.
+    // SAFETY: see the contract.
     let py = unsafe { Python::assume_attached() };
     c_body(py, || {
         let nargs = nargs as usize;
         let n = nargs + kw_count(kwnames);
         let all: &[*mut ffi::PyObject] =
             if n == 0 { &[] } else { unsafe { std::slice::from_raw_parts(args, n) } };
-        let (launcher, grid) = unsafe { (tuple_item(slf, 0), tuple_item(slf, 1)) };
+        let (launcher, grid, first) = pick(slf, all, nargs)?;
+        // SAFETY: `pick` returns a live launcher object.
         let launcher = unsafe { Borrowed::from_ptr(py, launcher).cast_unchecked::<Launcher>() };
-        let call = Call { grid, pos: &all[..nargs], kw_values: &all[nargs..], kwnames };
+        let call = Call { grid, pos: &all[first..nargs], kw_values: &all[nargs..], kwnames };
         launcher.get().run(py, &call).map(Bound::into_ptr)
     })
+}
+
+/// `launch(grid, /, *args, **kwargs)`: `slf` is the launcher, `args[0]` the grid.
+unsafe extern "C" fn launch_fastcall(
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls it as a METH_FASTCALL function made by `Launcher::launch`.
+    unsafe {
+        fastcall(slf, args, nargs, kwnames, |slf, all, nargs| match nargs {
+            0 => Err(PyTypeError::new_err("launch() missing the grid argument")),
+            _ => Ok((slf, all[0], 1)),
+        })
+    }
+}
+
+/// `kernel[grid](*args, **kwargs)`: `slf` is the `(launcher, grid)` tuple `__getitem__` made.
+unsafe extern "C" fn bound_fastcall(
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls it as a METH_FASTCALL function made by `KernelBase::__getitem__`,
+    // whose self is an exact 2-tuple.
+    unsafe {
+        fastcall(slf, args, nargs, kwnames, |slf, _, _| Ok((tuple_item(slf, 0), tuple_item(slf, 1), 0)))
+    }
 }
 
 /// Base class of `jitkey.triton.TritonKernel`: `kernel[grid]` in C once a native launcher is set
