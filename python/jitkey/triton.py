@@ -547,6 +547,7 @@ class TritonKernel(_KernelBase):
         self._ugv_snap: list[list[Any]] = []
         self._lock = threading.Lock()
         self._launch: Callable[..., Any] | None = None
+        self._key_launcher: Any = None  # the native keyer's key-only launcher (key_of)
         self.keyer: Keyer | None = None
         # The list add_pre_run_hook appends to; checked per call (the launcher re-checks the attribute too).
         self._pre_run_hooks: list[Any] | None = getattr(fn, "pre_run_hooks", None)
@@ -627,7 +628,9 @@ class TritonKernel(_KernelBase):
             raise Unkeyable(self.fast_path_problem or "no keyer")
         if getattr(self.keyer, "native_launch", False):
             self._ctx(device, {})  # the same refusals as a launch (stages inspection hook)
-            return bytes(self._native_launcher(None).key(tuple(args), dict(kwargs or {}), device))
+            if self._key_launcher is None:  # built once: key_of is for tests and debugging, not a hot path
+                self._key_launcher = self._native_launcher(None)
+            return bytes(self._key_launcher.key(tuple(args), dict(kwargs or {}), device))
         params, opts = self._bind_args(tuple(args), dict(kwargs or {}))
         return self.keyer.key((self._ctx(device, opts), *params))
 

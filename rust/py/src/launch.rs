@@ -141,23 +141,33 @@ fn borrowed<'a, 'py>(py: Python<'py>, p: *mut ffi::PyObject) -> Borrowed<'a, 'py
     unsafe { Borrowed::from_ptr(py, p) }
 }
 
-/// `f(*items)` through a fresh tuple.
+/// `f(*items)`: the argument tuple is filled in place (no intermediate array).
 fn call_with<'py>(
     py: Python<'py>,
     f: &Bound<'py, PyAny>,
-    items: &[*mut ffi::PyObject],
+    len: usize,
+    items: impl IntoIterator<Item = *mut ffi::PyObject>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    // SAFETY: a new tuple of exactly items.len() slots, each filled with a new reference to a live
-    // object (PyTuple_SetItem steals it); then a plain call.
+    // SAFETY: a new tuple of `len` slots owned by `t` from the start (a partly filled tuple is
+    // safe to free: empty slots are NULL); each slot is filled once with a new reference to a live
+    // object, and the call only happens once every slot is filled.
     unsafe {
-        let t = ffi::PyTuple_New(items.len() as ffi::Py_ssize_t);
+        let t = ffi::PyTuple_New(len as ffi::Py_ssize_t);
         if t.is_null() {
             return Err(PyErr::fetch(py));
         }
         let t = Bound::from_owned_ptr(py, t);
-        for (i, &p) in items.iter().enumerate() {
+        let mut at = 0;
+        for p in items {
+            if at == len {
+                break;
+            }
             ffi::Py_INCREF(p);
-            ffi::PyTuple_SetItem(t.as_ptr(), i as ffi::Py_ssize_t, p);
+            tuple_fill(t.as_ptr(), at as ffi::Py_ssize_t, p);
+            at += 1;
+        }
+        if at != len {
+            return Err(pyo3::exceptions::PySystemError::new_err("jitkey launcher: argument count mismatch"));
         }
         Bound::from_owned_ptr_or_err(py, ffi::PyObject_Call(f.as_ptr(), t.as_ptr(), null_mut()))
     }
@@ -243,7 +253,7 @@ impl Launcher {
         encode_into(&v, enc).map_err(|e| unkeyable("knobs.runtime.debug", e))?;
         for (section, attr) in &self.knobs {
             let v = section.bind(py).getattr(attr.bind(py))?;
-            encode_into(&v, enc).map_err(|e| unkeyable("a knob", e))?;
+            encode_into(&v, enc).map_err(|e| unkeyable(&format!("the knob {attr}"), e))?;
         }
         enc.tuple_header(b.opts.len()).map_err(|e| Leave::Raise(PyTypeError::new_err(e.to_string())))?;
         for &(k, v) in &b.opts {
@@ -330,48 +340,16 @@ impl Launcher {
         let (md, enter, exit) = if self.is_empty_hook(py, &enter)? && self.is_empty_hook(py, &exit)? {
             (none.clone(), none.clone(), none)
         } else {
-            let mut items = vec![grid.as_ptr(), stream.as_ptr()];
-            items.extend_from_slice(params);
-            let md = call_with(py, &ck.getattr(intern!(py, "launch_metadata"))?, &items)?;
+            let items = [grid.as_ptr(), stream.as_ptr()].into_iter().chain(params.iter().copied());
+            let md = call_with(py, &ck.getattr(intern!(py, "launch_metadata"))?, 2 + params.len(), items)?;
             (md, enter, exit)
         };
         // The launch's argument tuple, filled in place (PyTuple_SetItem steals each new reference).
-        let total = 8 + e.mid.len() + params.len();
-        // SAFETY: a new tuple of `total` slots, each set exactly once below with a new reference
-        // to a live object; the tuple is owned by `t` from the start (a partly filled tuple is
-        // safe to free: empty slots are NULL).
-        let t = unsafe {
-            let t = ffi::PyTuple_New(total as ffi::Py_ssize_t);
-            if t.is_null() {
-                return Err(PyErr::fetch(py));
-            }
-            Bound::from_owned_ptr(py, t)
-        };
-        let mut at: ffi::Py_ssize_t = 0;
-        let mut put = |p: *mut ffi::PyObject| {
-            // SAFETY: see above; `at` < total.
-            unsafe {
-                ffi::Py_INCREF(p);
-                tuple_fill(t.as_ptr(), at, p);
-            }
-            at += 1;
-        };
-        for p in [g0.as_ptr(), g1.as_ptr(), g2.as_ptr(), stream.as_ptr(), e.function.as_ptr()] {
-            put(p);
-        }
-        for m in &e.mid {
-            put(m.as_ptr());
-        }
-        for p in [md.as_ptr(), enter.as_ptr(), exit.as_ptr()] {
-            put(p);
-        }
-        for &p in params {
-            put(p);
-        }
-        // SAFETY: a plain call of a live callable with a complete argument tuple.
-        unsafe {
-            Bound::from_owned_ptr_or_err(py, ffi::PyObject_Call(e.target.as_ptr(), t.as_ptr(), null_mut()))?;
-        }
+        let head = [g0.as_ptr(), g1.as_ptr(), g2.as_ptr(), stream.as_ptr(), e.function.as_ptr()];
+        let hooks = [md.as_ptr(), enter.as_ptr(), exit.as_ptr()];
+        let items =
+            head.into_iter().chain(e.mid.iter().map(Py::as_ptr)).chain(hooks).chain(params.iter().copied());
+        call_with(py, e.target.bind(py), 8 + e.mid.len() + params.len(), items)?;
         Ok(ck.clone())
     }
 }
