@@ -835,3 +835,44 @@ def test_direct_c_launch_needs_known_launcher_code(monkeypatch):
     assert jt._known_launcher_call() is None
     run, _ = _cuda_launcher()
     assert jt._launch_target(run, (4, 1, 0)) == (run, ((4, 1, 0),))
+
+
+def test_instance_attrs_plain_refuses_data_descriptors():
+    class Plain:
+        x = 1  # a class attribute: the instance dict still wins
+
+    class WithProperty:
+        @property
+        def x(self):
+            return 1
+
+    class WithGetattribute:
+        def __getattribute__(self, name):
+            return object.__getattribute__(self, name)
+
+    assert jt._instance_attrs_plain(Plain, ("x",))
+    assert not jt._instance_attrs_plain(WithProperty, ("x",))
+    assert not jt._instance_attrs_plain(WithGetattribute, ("x",))
+    assert jt._instance_attrs_plain(type(k_full), ("pre_run_hooks", "debug", "used_global_vals"))
+
+
+@needs_native
+def test_native_sees_reassigned_kernel_attributes(fake_runtime, fake_triton):
+    """The launcher reads the kernel's attributes per call, so replacing (not mutating) them is seen."""
+    state = fake_triton(k_dns, "dns")
+    kernel = jt.bind(k_dns, keyer=jt.native_keyer)
+    x = torch.empty(64)
+    ck = kernel[(1,)](x, x, 3, 4, 16)
+    kernel[(1,)](x, x, 3, 4, 16)
+    old_hooks, old_debug = k_dns.pre_run_hooks, k_dns.debug
+    seen = []
+    try:
+        k_dns.pre_run_hooks = [lambda *a, **k: seen.append(a)]
+        kernel[(1,)](x, x, 3, 4, 16)
+        k_dns.pre_run_hooks = old_hooks
+        k_dns.debug = not old_debug  # another key: a miss through Triton
+        kernel[(1,)](x, x, 3, 4, 16)
+    finally:
+        k_dns.pre_run_hooks, k_dns.debug = old_hooks, old_debug
+    assert len(seen) == 1 and len(ck.launches) == 1 and len(state["calls"]) == 3
+    assert kernel.cache_stats()["fallback_reasons"] == {"pre_run_hooks": 1}
