@@ -837,25 +837,6 @@ def test_direct_c_launch_needs_known_launcher_code(monkeypatch):
     assert jt._launch_target(run, (4, 1, 0)) == (run, ((4, 1, 0),))
 
 
-def test_instance_attrs_plain_refuses_data_descriptors():
-    class Plain:
-        x = 1  # a class attribute: the instance dict still wins
-
-    class WithProperty:
-        @property
-        def x(self):
-            return 1
-
-    class WithGetattribute:
-        def __getattribute__(self, name):
-            return object.__getattribute__(self, name)
-
-    assert jt._instance_attrs_plain(Plain, ("x",))
-    assert not jt._instance_attrs_plain(WithProperty, ("x",))
-    assert not jt._instance_attrs_plain(WithGetattribute, ("x",))
-    assert jt._instance_attrs_plain(type(k_full), ("pre_run_hooks", "debug", "used_global_vals"))
-
-
 @needs_native
 def test_native_sees_reassigned_kernel_attributes(fake_runtime, fake_triton):
     """The launcher reads the kernel's attributes per call, so replacing (not mutating) them is seen."""

@@ -366,14 +366,7 @@ class _TritonLauncher:
         fallback: Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any],
         check_globals: Callable[[], None],
         /,
-        *,
-        fn_dict_attrs: bool = False,
-        hook_dict_attrs: bool = False,
-    ) -> _TritonLauncher:
-        """``fn_dict_attrs`` / ``hook_dict_attrs``: the kernel's ``pre_run_hooks``, ``debug`` and
-        ``used_global_vals`` / a ``HookChain``'s ``calls`` may be read from the instance dict (the
-        caller checked that no data descriptor of those names sits on the type); a missing key falls
-        back to ``getattr``."""
+    ) -> _TritonLauncher: ...
     @property
     def launch(self) -> Callable[..., Any]:
         """``launch(grid, /, *args, **kwargs)``: a builtin bound to this launcher (vectorcall)."""

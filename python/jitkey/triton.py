@@ -748,8 +748,6 @@ class TritonKernel(_KernelBase):
             self._native_miss,
             self._native_fallback,
             self._check_globals,
-            fn_dict_attrs=_instance_attrs_plain(type(self.fn), ("pre_run_hooks", "debug", "used_global_vals")),
-            hook_dict_attrs=info.HookChain is not None and _instance_attrs_plain(info.HookChain, ("calls",)),
         )
 
     def _check_globals(self) -> None:
@@ -886,19 +884,6 @@ def _jk_launch(_jk_grid, {", ".join([*arglist, "**_jk_opts"])}):
         exec(src, ns)
         launch: Callable[..., Any] = ns["_jk_launch"]
         return launch
-
-
-def _instance_attrs_plain(cls: type, names: tuple[str, ...]) -> bool:
-    """Whether reading ``obj.<name>`` for an instance of ``cls`` is the instance dict's value when the dict
-    has the key: ``cls`` keeps ``object.__getattribute__`` and has no data descriptor of these names (a data
-    descriptor on the type would take precedence over the instance dict)."""
-    if cls.__getattribute__ is not object.__getattribute__:
-        return False
-    for name in names:
-        v = inspect.getattr_static(cls, name, _MISSING)
-        if v is not _MISSING and (hasattr(type(v), "__set__") or hasattr(type(v), "__delete__")):
-            return False
-    return True
 
 
 def _no_runtime(*_args: Any) -> Any:

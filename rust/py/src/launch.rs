@@ -134,47 +134,6 @@ pub(crate) struct Launcher {
     fallback: Py<PyAny>,
     check_globals: Py<PyAny>,
     names: Vec<Py<PyString>>,
-    /// The kernel's attributes may be read from its instance dict (no data descriptor of theirs on
-    /// its type, checked by the Python side when it built this launcher).
-    fn_dict_attrs: bool,
-    /// The same for a `HookChain`'s `calls`.
-    hook_dict_attrs: bool,
-}
-
-/// Reads `obj.<name>` from the instance dict when `dict_ok` (see `Launcher::fn_dict_attrs`),
-/// falling back to `getattr` when the dict has no such key.
-fn attr<'py>(
-    obj: &Bound<'py, PyAny>,
-    name: &Bound<'py, PyString>,
-    dict_ok: bool,
-) -> PyResult<Bound<'py, PyAny>> {
-    let py = obj.py();
-    if dict_ok {
-        // SAFETY: GenericGetDict returns a new reference (or NULL with an error set); the item is
-        // borrowed from a dict we hold and turned into a new reference at once.
-        unsafe {
-            let d = ffi::PyObject_GenericGetDict(obj.as_ptr(), null_mut());
-            if d.is_null() {
-                drop(PyErr::fetch(py));
-            } else {
-                let d = Bound::from_owned_ptr(py, d);
-                let v = ffi::PyDict_GetItemWithError(d.as_ptr(), name.as_ptr());
-                if !v.is_null() {
-                    return Ok(Bound::from_borrowed_ptr(py, v));
-                }
-                if let Some(e) = PyErr::take(py) {
-                    return Err(e);
-                }
-            }
-        }
-    }
-    obj.getattr(name)
-}
-
-/// The kernel attributes a launch reads, once per call.
-struct FnState<'py> {
-    debug: Bound<'py, PyAny>,
-    used_global_vals: Bound<'py, PyAny>,
 }
 
 fn borrowed<'a, 'py>(py: Python<'py>, p: *mut ffi::PyObject) -> Borrowed<'a, 'py, PyAny> {
@@ -277,7 +236,6 @@ impl Launcher {
         py: Python<'_>,
         enc: &mut Encoder,
         device: &Bound<'_, PyAny>,
-        fn_debug: &Bound<'_, PyAny>,
         b: &BoundArgs,
     ) -> Result<(), Leave> {
         let sig = self.sig.get();
@@ -288,7 +246,9 @@ impl Launcher {
             Leave::Fallback(err.into_value(py).into_any())
         };
         encode_into(device, enc).map_err(|e| unkeyable("the current device", e))?;
-        encode_into(fn_debug, enc).map_err(|e| unkeyable("fn.debug", e))?;
+        let kfn = self.kernel_fn.bind(py);
+        let v = kfn.getattr(intern!(py, "debug"))?;
+        encode_into(&v, enc).map_err(|e| unkeyable("fn.debug", e))?;
         let v = self.runtime.bind(py).getattr(intern!(py, "debug"))?;
         encode_into(&v, enc).map_err(|e| unkeyable("knobs.runtime.debug", e))?;
         for (section, attr) in &self.knobs {
@@ -312,9 +272,7 @@ impl Launcher {
             return Ok(true);
         }
         match &self.hook_chain {
-            Some(t) if h.get_type().is(t.bind(py)) => {
-                Ok(!attr(h, intern!(py, "calls"), self.hook_dict_attrs)?.is_truthy()?)
-            }
+            Some(t) if h.get_type().is(t.bind(py)) => Ok(!h.getattr(intern!(py, "calls"))?.is_truthy()?),
             _ => Ok(false),
         }
     }
@@ -335,7 +293,6 @@ impl Launcher {
         entry: &Bound<'py, PyAny>,
         grid: &Borrowed<'_, 'py, PyAny>,
         device: &Bound<'py, PyAny>,
-        state: &FnState<'py>,
         b: &BoundArgs,
     ) -> PyResult<Bound<'py, PyAny>> {
         let entry = entry.cast::<Entry>().map_err(|_| {
@@ -344,7 +301,8 @@ impl Launcher {
             )
         })?;
         let e = entry.get();
-        if state.used_global_vals.is_truthy()? {
+        let kfn = self.kernel_fn.bind(py);
+        if kfn.getattr(intern!(py, "used_global_vals"))?.is_truthy()? {
             self.check_globals.bind(py).call0()?;
         }
         let params = b.params();
@@ -401,7 +359,7 @@ impl Launcher {
     #[new]
     #[pyo3(signature = (
         sig, cache, kernel_fn, runtime, knobs, check_stages, get_device, get_stream, hook_chain,
-        miss, fallback, check_globals, /, *, fn_dict_attrs = false, hook_dict_attrs = false
+        miss, fallback, check_globals, /
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -418,8 +376,6 @@ impl Launcher {
         miss: Py<PyAny>,
         fallback: Py<PyAny>,
         check_globals: Py<PyAny>,
-        fn_dict_attrs: bool,
-        hook_dict_attrs: bool,
     ) -> Self {
         let names = sig.get().param_names().iter().map(|n| PyString::intern(py, n).unbind()).collect();
         let knobs = knobs.into_iter().map(|(o, a)| (o, PyString::intern(py, &a).unbind())).collect();
@@ -437,8 +393,6 @@ impl Launcher {
             fallback,
             check_globals,
             names,
-            fn_dict_attrs,
-            hook_dict_attrs,
         }
     }
 
@@ -471,8 +425,7 @@ impl Launcher {
         let b = self
             .bind_params(py, &pos, &names, &values)
             .map_err(|m| ArgumentError::new_err(format!("arguments do not bind: {m}")))?;
-        let debug = attr(self.kernel_fn.bind(py), intern!(py, "debug"), self.fn_dict_attrs)?;
-        with_encoder(|enc| match self.encode_key(py, enc, device, &debug, &b) {
+        with_encoder(|enc| match self.encode_key(py, enc, device, &b) {
             Ok(()) => Ok(pyo3::types::PyBytes::new(py, enc.as_bytes())),
             Err(Leave::Raise(e)) => Err(e),
             Err(Leave::Fallback(reason)) => {
@@ -735,8 +688,7 @@ impl KernelBase {
 impl Launcher {
     fn run<'py>(&self, py: Python<'py>, call: &Call<'_>) -> PyResult<Bound<'py, PyAny>> {
         let kfn = self.kernel_fn.bind(py);
-        let d = self.fn_dict_attrs;
-        if attr(kfn, intern!(py, "pre_run_hooks"), d)?.is_truthy()? {
+        if kfn.getattr(intern!(py, "pre_run_hooks"))?.is_truthy()? {
             let why = Leave::Fallback(intern!(py, "pre_run_hooks").clone().into_any().unbind());
             return self.leave(py, why, call);
         }
@@ -768,12 +720,8 @@ impl Launcher {
             }
         };
         let device = self.get_device.bind(py).call0()?;
-        let state = FnState {
-            debug: attr(kfn, intern!(py, "debug"), d)?,
-            used_global_vals: attr(kfn, intern!(py, "used_global_vals"), d)?,
-        };
         let probe = with_encoder(|enc| -> Result<Probe<'py>, Leave> {
-            self.encode_key(py, enc, &device, &state.debug, &b)?;
+            self.encode_key(py, enc, &device, &b)?;
             let key = enc.as_bytes();
             let h = fast_hash_state().hash(key);
             Ok(match self.cache.get().get_encoded(py, h, key) {
@@ -783,7 +731,7 @@ impl Launcher {
         });
         let grid = borrowed(py, call.grid);
         match probe {
-            Ok(Probe::Hit(entry)) => self.launch_hit(py, &entry, &grid, &device, &state, &b),
+            Ok(Probe::Hit(entry)) => self.launch_hit(py, &entry, &grid, &device, &b),
             Ok(Probe::Miss(h, key)) => {
                 let (grid, args, kwargs) = call.to_python(py)?;
                 let out = self.miss.bind(py).call1((grid, args, kwargs))?;
