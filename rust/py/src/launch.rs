@@ -31,6 +31,9 @@ use crate::signature::Signature;
 /// What a hit launches: `target(gx, gy, gz, stream, function, *mid, metadata, enter, exit,
 /// *params)`, then returns `ck`. `target` is `ck.run` (then `mid` is `(packed_metadata,)`), or
 /// the launcher's own C `launch` when the Python side proved `ck.run` would only forward to it.
+/// The most `mid` arguments an entry takes (the known launchers insert 1 or 5).
+const MAX_MID: usize = 8;
+
 #[pyclass(name = "_TritonEntry", module = "jitkey._core", frozen)]
 pub(crate) struct Entry {
     ck: Py<PyAny>,
@@ -43,8 +46,18 @@ pub(crate) struct Entry {
 impl Entry {
     #[new]
     #[pyo3(signature = (ck, target, function, mid, /))]
-    fn new(ck: Py<PyAny>, target: Py<PyAny>, function: Py<PyAny>, mid: &Bound<'_, PyTuple>) -> Self {
-        Self { ck, target, function, mid: mid.iter().map(Bound::unbind).collect() }
+    fn new(
+        ck: Py<PyAny>,
+        target: Py<PyAny>,
+        function: Py<PyAny>,
+        mid: &Bound<'_, PyTuple>,
+    ) -> PyResult<Self> {
+        if mid.len() > MAX_MID {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "_TritonEntry: at most {MAX_MID} arguments between function and the launch metadata"
+            )));
+        }
+        Ok(Self { ck, target, function, mid: mid.iter().map(Bound::unbind).collect() })
     }
 
     #[getter]
@@ -141,33 +154,28 @@ fn borrowed<'a, 'py>(py: Python<'py>, p: *mut ffi::PyObject) -> Borrowed<'a, 'py
     unsafe { Borrowed::from_ptr(py, p) }
 }
 
-/// `f(*items)`: the argument tuple is filled in place (no intermediate array).
+/// `f(*parts[0], *parts[1], ...)`: the argument tuple is filled in place.
 fn call_with<'py>(
     py: Python<'py>,
     f: &Bound<'py, PyAny>,
-    len: usize,
-    items: impl IntoIterator<Item = *mut ffi::PyObject>,
+    parts: &[&[*mut ffi::PyObject]],
 ) -> PyResult<Bound<'py, PyAny>> {
-    // SAFETY: a new tuple of `len` slots owned by `t` from the start (a partly filled tuple is
-    // safe to free: empty slots are NULL); each slot is filled once with a new reference to a live
-    // object, and the call only happens once every slot is filled.
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    // SAFETY: a new tuple of `len` slots owned by `t` from the start; each slot is filled exactly
+    // once, in order, with a new reference to a live object before the call.
     unsafe {
         let t = ffi::PyTuple_New(len as ffi::Py_ssize_t);
         if t.is_null() {
             return Err(PyErr::fetch(py));
         }
         let t = Bound::from_owned_ptr(py, t);
-        let mut at = 0;
-        for p in items {
-            if at == len {
-                break;
+        let mut at: ffi::Py_ssize_t = 0;
+        for part in parts {
+            for &p in *part {
+                ffi::Py_INCREF(p);
+                tuple_fill(t.as_ptr(), at, p);
+                at += 1;
             }
-            ffi::Py_INCREF(p);
-            tuple_fill(t.as_ptr(), at as ffi::Py_ssize_t, p);
-            at += 1;
-        }
-        if at != len {
-            return Err(pyo3::exceptions::PySystemError::new_err("jitkey launcher: argument count mismatch"));
         }
         Bound::from_owned_ptr_or_err(py, ffi::PyObject_Call(f.as_ptr(), t.as_ptr(), null_mut()))
     }
@@ -340,16 +348,21 @@ impl Launcher {
         let (md, enter, exit) = if self.is_empty_hook(py, &enter)? && self.is_empty_hook(py, &exit)? {
             (none.clone(), none.clone(), none)
         } else {
-            let items = [grid.as_ptr(), stream.as_ptr()].into_iter().chain(params.iter().copied());
-            let md = call_with(py, &ck.getattr(intern!(py, "launch_metadata"))?, 2 + params.len(), items)?;
+            let md_fn = ck.getattr(intern!(py, "launch_metadata"))?;
+            let md = call_with(py, &md_fn, &[&[grid.as_ptr(), stream.as_ptr()], params])?;
             (md, enter, exit)
         };
-        // The launch's argument tuple, filled in place (PyTuple_SetItem steals each new reference).
-        let head = [g0.as_ptr(), g1.as_ptr(), g2.as_ptr(), stream.as_ptr(), e.function.as_ptr()];
+        // Everything before the parameters: the grid, stream, function, `mid` and the hook slots.
+        let mut head = [null_mut(); 8 + MAX_MID];
+        let fixed = [g0.as_ptr(), g1.as_ptr(), g2.as_ptr(), stream.as_ptr(), e.function.as_ptr()];
         let hooks = [md.as_ptr(), enter.as_ptr(), exit.as_ptr()];
-        let items =
-            head.into_iter().chain(e.mid.iter().map(Py::as_ptr)).chain(hooks).chain(params.iter().copied());
-        call_with(py, e.target.bind(py), 8 + e.mid.len() + params.len(), items)?;
+        let n_head = fixed.len() + e.mid.len() + hooks.len(); // <= 8 + MAX_MID (checked in Entry::new)
+        head[..5].copy_from_slice(&fixed);
+        for (slot, m) in head[5..].iter_mut().zip(&e.mid) {
+            *slot = m.as_ptr();
+        }
+        head[5 + e.mid.len()..n_head].copy_from_slice(&hooks);
+        call_with(py, e.target.bind(py), &[&head[..n_head], params])?;
         Ok(ck.clone())
     }
 }
