@@ -268,10 +268,8 @@ impl Launcher {
             encode_into(&borrowed(py, k), enc).map_err(|e| unkeyable("a launch option name", e))?;
             encode_into(&borrowed(py, v), enc).map_err(|e| unkeyable("a launch option", e))?;
         }
-        for (i, &p) in b.params().iter().enumerate() {
-            sig.encode_param_in_process(i, &borrowed(py, p), enc)
-                .map_err(|e| Leave::Fallback(e.into_value(py).into_any()))?;
-        }
+        sig.encode_params_in_process(py, b.params(), enc)
+            .map_err(|e| Leave::Fallback(e.into_value(py).into_any()))?;
         Ok(())
     }
 

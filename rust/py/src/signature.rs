@@ -123,13 +123,18 @@ unsafe fn rd(p: *const u8, off: usize) -> usize {
 /// The direct view of `obj`, or `None` (then the attribute path is used).
 #[inline]
 fn direct(obj: &Bound<'_, PyAny>) -> Option<Direct> {
-    let l = LAYOUT.get()?;
-    let p = obj.as_ptr().cast::<u8>().cast_const();
+    direct_with(LAYOUT.get()?, obj.as_ptr())
+}
+
+/// `direct` with the layout already loaded (for loops over many arguments).
+#[inline(always)]
+fn direct_with(l: &'static Layout, obj: *mut ffi::PyObject) -> Option<Direct> {
+    let p = obj.cast::<u8>().cast_const();
     // SAFETY: obj is live; its exact type is torch.Tensor/Parameter, whose C layout starts with
     // THPVariable (PyObject_HEAD, then the TensorImpl pointer); the TensorImpl is only read
     // further once its vtable proves it is a plain TensorImpl, whose field offsets were verified.
     unsafe {
-        let tp = ffi::Py_TYPE(obj.as_ptr()) as usize;
+        let tp = ffi::Py_TYPE(obj) as usize;
         if tp != l.types[0] && tp != l.types[1] {
             return None;
         }
@@ -1147,36 +1152,42 @@ impl Signature {
         enc.raw(&self.header);
     }
 
-    /// As `encode_param`, except that an exact `torch.Tensor` read directly, under a rule that
-    /// keys only its dtype and alignment, is written as a 4-byte process-local leaf
-    /// (`tag::TENSOR_IN_PROCESS`, dtype index, aligned). For keys that never leave the process:
-    /// equal buckets still give equal bytes (the same tensor always takes the same path), and the
-    /// leaf's tag differs from every other leaf's, so distinct buckets never collide.
-    #[inline]
-    pub(crate) fn encode_param_in_process(
+    /// Writes every parameter's part of the key, as `encode_param` would, except that an exact
+    /// `torch.Tensor` read directly, under a rule that keys only its dtype and alignment, is written
+    /// as a 4-byte process-local leaf (`tag::TENSOR_IN_PROCESS`, dtype index, aligned). For keys
+    /// that never leave the process: equal buckets still give equal bytes (the same tensor always
+    /// takes the same path), and the leaf's tag differs from every other leaf's, so distinct
+    /// buckets never collide. `params[i]` are live objects; an error names the parameter.
+    pub(crate) fn encode_params_in_process(
         &self,
-        i: usize,
-        obj: &Bound<'_, PyAny>,
+        py: Python<'_>,
+        params: &[*mut ffi::PyObject],
         enc: &mut Encoder,
     ) -> PyResult<()> {
-        if let Some(align) = self.dtype_align_only[i] {
-            // SAFETY: obj is live.
-            if unsafe { ffi::Py_TYPE(obj.as_ptr()) } == TENSOR_TYPE.load(Ordering::Relaxed) {
-                if let Some(f) = direct(obj) {
-                    let aligned = if align == 0 {
-                        Some(true)
-                    } else {
-                        f.data_ptr().map(|p| p & u64::from(align - 1) == 0)
-                    };
-                    if let Some(a) = aligned {
-                        let [lo, hi] = f.idx.to_le_bytes();
-                        enc.raw(&[stag::TENSOR_IN_PROCESS, lo, hi, u8::from(a)]);
-                        return Ok(());
+        let tensor_type = TENSOR_TYPE.load(Ordering::Relaxed);
+        let layout = LAYOUT.get();
+        for (i, (&p, &fast)) in params.iter().zip(&self.dtype_align_only).enumerate() {
+            if let (Some(align), Some(l)) = (fast, layout) {
+                // SAFETY: p is live (the caller's contract).
+                if unsafe { ffi::Py_TYPE(p) } == tensor_type {
+                    if let Some(f) = direct_with(l, p) {
+                        let aligned = if align == 0 {
+                            Some(true)
+                        } else {
+                            f.data_ptr().map(|d| d & u64::from(align - 1) == 0)
+                        };
+                        if let Some(a) = aligned {
+                            let [lo, hi] = f.idx.to_le_bytes();
+                            enc.raw(&[stag::TENSOR_IN_PROCESS, lo, hi, u8::from(a)]);
+                            continue;
+                        }
                     }
                 }
             }
+            // SAFETY: as above.
+            self.encode_param(i, &*unsafe { Borrowed::from_ptr(py, p) }, enc)?;
         }
-        self.encode_param(i, obj, enc)
+        Ok(())
     }
 
     /// Writes parameter `i`'s part of the key (the caller writes the header and every parameter
