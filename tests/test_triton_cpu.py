@@ -857,3 +857,21 @@ def test_native_sees_reassigned_kernel_attributes(fake_runtime, fake_triton):
         k_dns.pre_run_hooks, k_dns.debug = old_hooks, old_debug
     assert len(seen) == 1 and len(ck.launches) == 1 and len(state["calls"]) == 3
     assert kernel.cache_stats()["fallback_reasons"] == {"pre_run_hooks": 1}
+
+
+@needs_native
+def test_native_kernel_is_garbage_collected(fake_runtime, fake_triton):
+    """kernel -> launcher -> bound miss/fallback methods -> kernel is a cycle the GC must be able to break."""
+    import gc
+    import weakref
+
+    fake_triton(k_full, "full")
+    kernel = jt.bind(k_full, keyer=jt.native_keyer)
+    x = torch.empty(64)
+    kernel[(1,)](x, x, 16, 5, 1.0, True, 64)
+    kernel[(1,)](x, x, 16, 5, 1.0, True, 64)
+    kernel.key_of((x, x, 16, 5, 1.0, True, 64), {}, device=0)
+    ref = weakref.ref(kernel)
+    del kernel
+    gc.collect()
+    assert ref() is None
