@@ -344,3 +344,93 @@ def test_cpu_tensor_rejected_like_triton():
     kernel[(1,)](x, y, out, n, BLOCK=256)
     with pytest.raises(ValueError, match="cpu tensor"):
         kernel[(1,)](x.cpu(), y, out, n, BLOCK=256)  # a hit: Triton's launcher checks the pointer
+
+
+# --- drop-in: helpers, Triton's own objects as arguments, torch.compile -------------------------------------
+
+
+@jt.jit
+def _dropin_helper(x):
+    return x * 2 + 1
+
+
+@jt.jit
+def _dropin_caller(x_ptr, out_ptr, n, OUT_DTYPE: tl.constexpr, ACT: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    v = ACT(tl.load(x_ptr + offs, mask=mask))
+    tl.store(out_ptr + offs, v.to(OUT_DTYPE), mask=mask)
+
+
+@jt.jit
+def _dropin_desc(in_desc, out_desc, BM: tl.constexpr, BN: tl.constexpr):
+    m = tl.program_id(0) * BM
+    tile = in_desc.load([m, 0])
+    out_desc.store([m, 0], tile + 1)
+
+
+@jt.jit
+def _dropin_reinterpret(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+def test_dropin_helpers_and_dtype_constexprs_hit():
+    """A jitkey helper passed as a constexpr and tl.dtype constexpr arguments take the fast path."""
+    x = torch.randn(1000, device="cuda")
+    for dt, torch_dt in ((tl.float32, torch.float32), (tl.float16, torch.float16)):
+        out = torch.empty(1000, device="cuda", dtype=torch_dt)
+        for _ in range(3):
+            out.fill_(float("nan"))
+            _dropin_caller[(4,)](x, out, 1000, dt, _dropin_helper, BLOCK=256)
+            torch.testing.assert_close(out, (x * 2 + 1).to(torch_dt))
+    stats = _dropin_caller.cache_stats()
+    assert stats["fallbacks"] == 0 and stats["hits"] == 4 and stats["misses"] == 2, stats
+
+
+def test_dropin_tensor_descriptor_and_reinterpret_hit():
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("host TensorDescriptors need Hopper or newer")
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    a = torch.randn(256, 64, device="cuda")
+    out = torch.empty_like(a)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        ind, outd = TensorDescriptor.from_tensor(a, [64, 64]), TensorDescriptor.from_tensor(out, [64, 64])
+        _dropin_desc[(4,)](ind, outd, BM=64, BN=64)
+        torch.testing.assert_close(out, a + 1)
+    assert _dropin_desc.cache_stats()["fallbacks"] == 0 and _dropin_desc.cache_stats()["hits"] == 2
+    raw = torch.arange(512, device="cuda", dtype=torch.int16)
+    dst = torch.empty(512, device="cuda", dtype=torch.int16)
+    for _ in range(3):
+        dst.zero_()
+        _dropin_reinterpret[(2,)](
+            triton.reinterpret(raw, tl.float16), triton.reinterpret(dst, tl.float16), 512, 256
+        )
+        assert torch.equal(dst, raw)
+    assert (
+        _dropin_reinterpret.cache_stats()["fallbacks"] == 0 and _dropin_reinterpret.cache_stats()["hits"] == 2
+    )
+
+
+def test_torch_compile_fullgraph_without_graph_breaks():
+    """torch.compile treats a jitkey kernel as a user-defined Triton kernel: no graph break, right result."""
+    import torch._dynamo
+
+    def f(x):
+        out = torch.empty_like(x)
+        n = x.numel()
+        _dropin_caller[(triton.cdiv(n, 256),)](x, out, n, tl.float32, _dropin_helper, BLOCK=256)
+        return out + 1
+
+    torch._dynamo.reset()
+    x = torch.randn(1000, device="cuda")
+    explained = torch._dynamo.explain(f)(x)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    for backend in ("eager", "aot_eager", "inductor"):
+        torch._dynamo.reset()
+        got = torch.compile(f, fullgraph=True, backend=backend)(x)
+        torch.testing.assert_close(got, x * 2 + 2)
