@@ -347,3 +347,13 @@ def test_report_merges_processes():
     assert (m["kernels"], m["launches"], m["hits"], m["fallbacks"]) == (3, 15, 12, 1)
     assert m["warm_fast_path"] == 12 / 13 and m["busiest"][0]["launches"] == 15
     assert jitkey.triton.report()["kernels"] >= 1
+
+
+def test_torch_size_binds_like_a_tuple():
+    x = torch.empty(64, 64)
+    args = (x, x.shape, 5, 1, 1)
+    k = k_obj.key_of(args, {}, device=0)
+    assert k == k_obj.key_of((x, torch.Size([64, 64]), 5, 1, 1), {}, device=0)
+    assert k != k_obj.key_of((x, torch.Size([64, 17]), 5, 1, 1), {}, device=0)
+    assert k != k_obj.key_of((x, (64, 64), 5, 1, 1), {}, device=0)
+    _triton_key(k_obj, args, {})  # Triton binds it too

@@ -317,9 +317,9 @@ def test_autotune_over_jitkey_kernel():
     assert stats["fallbacks"] == 0 and stats["hits"] >= 2
 
 
-def test_bound_autotuner_falls_back():
-    @triton.autotune(configs=[triton.Config({"BLOCK": 128})], key=["n"])
-    @triton.jit
+def test_autotune_over_a_jitkey_kernel_uses_the_fast_path():
+    @triton.autotune(configs=[triton.Config({"BLOCK": 128}), triton.Config({"BLOCK": 256})], key=["n"])
+    @jt.jit
     def at_add2(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
@@ -327,13 +327,16 @@ def test_bound_autotuner_falls_back():
             out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask
         )
 
-    kernel = jt.bind(at_add2)
+    with pytest.raises(TypeError, match="under the decorator"):
+        jt.bind(at_add2)
     n = 1000
     x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
-    out = torch.empty_like(x)
-    kernel[lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)](x, y, out, n)
-    torch.testing.assert_close(out, x + y)
-    assert kernel.cache_stats()["fallbacks"] == 1
+    for _ in range(3):
+        out = torch.full_like(x, float("nan"))
+        at_add2[lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)](x, y, out, n)
+        torch.testing.assert_close(out, x + y)
+    stats = at_add2.fn.cache_stats()
+    assert stats["fallbacks"] == 0 and stats["hits"] >= 2, stats
 
 
 def test_cpu_tensor_rejected_like_triton():
@@ -416,21 +419,49 @@ def test_dropin_tensor_descriptor_and_reinterpret_hit():
     )
 
 
-def test_torch_compile_fullgraph_without_graph_breaks():
-    """torch.compile treats a jitkey kernel as a user-defined Triton kernel: no graph break, right result."""
+def _graph_breaks(fn, *args):
     import torch._dynamo
 
-    def f(x):
-        out = torch.empty_like(x)
-        n = x.numel()
-        _dropin_caller[(triton.cdiv(n, 256),)](x, out, n, tl.float32, _dropin_helper, BLOCK=256)
-        return out + 1
-
     torch._dynamo.reset()
-    x = torch.randn(1000, device="cuda")
-    explained = torch._dynamo.explain(f)(x)
-    assert explained.graph_break_count == 0, explained.break_reasons
+    return torch._dynamo.explain(fn)(*args)
+
+
+@pytest.mark.parametrize("which", ["simple", "constexpr objects"])
+def test_torch_compile_fullgraph_without_graph_breaks(which):
+    """torch.compile treats a jitkey kernel as a user-defined Triton kernel, exactly as it treats the plain
+    Triton kernel of the same function: no graph break, fullgraph works, the result is right."""
+    import torch._dynamo
+
+    plain_k = triton.jit(add_kernel.fn)
+    jk_k = jt.jit(add_kernel.fn)
+
+    def make(kernel):
+        def f(x, y):
+            out = torch.empty_like(x)
+            n = x.numel()
+            kernel[(triton.cdiv(n, 256),)](x, y, out, n, BLOCK=256)
+            return out + 1
+
+        return f
+
+    def make_obj(kernel):
+        def f(x, y):
+            out = torch.empty_like(x)
+            n = x.numel()
+            kernel[(triton.cdiv(n, 256),)](x, out, n, tl.float32, _dropin_helper, BLOCK=256)
+            return out + y
+
+        return f
+
+    maker, k_plain, k_jk = (make, plain_k, jk_k) if which == "simple" else (make_obj, None, _dropin_caller)
+    x, y = torch.randn(1000, device="cuda"), torch.randn(1000, device="cuda")
+    want = x + y + 1 if which == "simple" else x * 2 + 1 + y
+    if k_plain is not None:
+        plain_explained = _graph_breaks(maker(k_plain), x, y)
+        assert plain_explained.graph_break_count == 0, plain_explained.break_reasons
+    explained = _graph_breaks(maker(k_jk), x, y)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, explained
     for backend in ("eager", "aot_eager", "inductor"):
         torch._dynamo.reset()
-        got = torch.compile(f, fullgraph=True, backend=backend)(x)
-        torch.testing.assert_close(got, x * 2 + 2)
+        got = torch.compile(maker(k_jk), fullgraph=True, backend=backend)(x, y)
+        torch.testing.assert_close(got, want)

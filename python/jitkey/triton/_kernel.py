@@ -99,6 +99,13 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         """A jitkey kernel sharing ``jit_fn``'s state (its compiled kernels, hooks and options)."""
         k = cls.__new__(cls)
         k.__dict__.update(jit_fn.__dict__)
+        # Triton's create_binder (the shared device_caches' factory, bound to jit_fn) sets these on jit_fn
+        # only; _do_compile reads them from the kernel it compiles.
+        from triton.compiler import ASTSource, CompiledKernel, compile
+
+        k.__dict__.setdefault("ASTSource", ASTSource)
+        k.__dict__.setdefault("CompiledKernel", CompiledKernel)
+        k.__dict__.setdefault("compile", compile)
         k._jk_setup()
         return k
 

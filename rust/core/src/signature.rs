@@ -24,7 +24,7 @@
 //! | `0x14` | float, keyed by type only | – |
 //! | `0x15` | list (by-type rules) | u32 LE item count, then each item |
 //! | `0x16` | bool, keyed by type only | – |
-//! | `0x18` | named tuple (by-type rules) | the v1 encoding of `(type name, field names)`, u32 LE item count, then each item |
+//! | `0x18` | tuple subclass: named tuple, `torch.Size` (by-type rules) | the v1 encoding of `(type name, field names)`, u32 LE item count, then each item |
 //!
 //! Rules keyed by value (int value, float value, bool, None, constexpr, any) write plain v1 leaves.
 
@@ -50,7 +50,7 @@ pub mod tag {
     /// (u16 LE) and the alignment bit. Written only into in-memory keys (the Triton launcher's
     /// cache), never into a `Signature`'s encodings; never decoded or persisted.
     pub const TENSOR_IN_PROCESS: u8 = 0x17;
-    /// A named tuple (a tuple subclass with `_fields`) under a by-type rule with tuples: the v1
+    /// A tuple subclass (a named tuple, `torch.Size`) under a by-type rule with tuples: the v1
     /// encoding of `(qualified type name, field names)`, then the items as for a tuple.
     pub const NAMEDTUPLE: u8 = 0x18;
 }

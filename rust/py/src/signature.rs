@@ -1089,16 +1089,21 @@ fn is_builtin_value(tp: *mut ffi::PyTypeObject) -> bool {
     }
 }
 
-/// The field names of a named tuple (a tuple subclass whose type has a tuple of str `_fields`).
+/// The field names of a tuple subclass: a named tuple's `_fields` (a tuple of str), or none for a
+/// plain tuple subclass such as `torch.Size` (Triton binds both like tuples). `None`: some other
+/// `_fields`, not keyed.
 fn namedtuple_fields<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, PyTuple>> {
-    let fields = obj.get_type().getattr(intern!(obj.py(), "_fields")).ok()?;
+    let py = obj.py();
+    let Ok(fields) = obj.get_type().getattr(intern!(py, "_fields")) else {
+        return Some(PyTuple::empty(py));
+    };
     let fields = fields.cast_into_exact::<PyTuple>().ok()?;
     fields.iter().all(|f| f.is_exact_instance_of::<pyo3::types::PyString>()).then_some(fields)
 }
 
-/// A named tuple: tag, the v1 encoding of `(qualified type name, field names)`, then the items
-/// as for a tuple. Triton keys a named tuple like a tuple of its fields; the type and the field
-/// names make this finer.
+/// A tuple subclass (a named tuple, `torch.Size`): tag, the v1 encoding of `(qualified type name,
+/// field names)`, then the items as for a tuple. Triton keys it like a tuple of its items; the type
+/// and the field names make this finer.
 fn encode_namedtuple(
     b: &ByType,
     obj: &Bound<'_, PyAny>,
