@@ -111,14 +111,21 @@ def test_helpers_take_part_in_the_callers_cache_key(caller):
     assert "helper" not in {name for name, _ in caller.used_global_vals}  # a function, not a value
 
 
-def test_bind_shares_the_kernels_state():
+def test_bind_copies_the_kernels_options_source_and_hooks():
     @triton.jit
     def k(a):
         pass
 
+    hook = lambda *a, **kw: None  # noqa: E731
+    k.add_pre_run_hook(hook)
     bound = jt.bind(k)
-    assert bound is not k and bound.fn is k.fn and bound.device_caches is k.device_caches
-    assert bound.pre_run_hooks is k.pre_run_hooks and jt.bind(bound) is bound
+    assert bound is not k and bound.fn is k.fn and bound.device_caches is not k.device_caches
+    assert bound.pre_run_hooks == [hook] and bound.pre_run_hooks is not k.pre_run_hooks
+    assert bound.cache_key == k.cache_key and jt.bind(bound) is bound
+    k2 = triton.jit(do_not_specialize=["a"], noinline=True)(k.fn)
+    k2._unsafe_update_src(k2.src.replace("pass", "return"))
+    b2 = jt.bind(k2)
+    assert b2.params[0].do_not_specialize and b2.noinline and b2.src == k2.src
 
 
 # --- decoration accepts what Triton accepts ---------------------------------------------------------------

@@ -96,17 +96,22 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
 
     @classmethod
     def _of(cls, jit_fn: Any) -> TritonKernel:
-        """A jitkey kernel sharing ``jit_fn``'s state (its compiled kernels, hooks and options)."""
-        k = cls.__new__(cls)
-        k.__dict__.update(jit_fn.__dict__)
-        # Triton's create_binder (the shared device_caches' factory, bound to jit_fn) sets these on jit_fn
-        # only; _do_compile reads them from the kernel it compiles.
-        from triton.compiler import ASTSource, CompiledKernel, compile
-
-        k.__dict__.setdefault("ASTSource", ASTSource)
-        k.__dict__.setdefault("CompiledKernel", CompiledKernel)
-        k.__dict__.setdefault("compile", compile)
-        k._jk_setup()
+        """A jitkey kernel of ``jit_fn``'s function with ``jit_fn``'s options, source and hooks (a copy of the
+        hook list). It has its own compiled kernels, like any other ``JITFunction`` (Triton's disk cache makes
+        its first compile cheap), so its ``cache_key``/globals state and ``jit_fn``'s never mix."""
+        k = cls(
+            jit_fn.fn,
+            version=jit_fn.version,
+            do_not_specialize=jit_fn.do_not_specialize,
+            do_not_specialize_on_alignment=jit_fn.do_not_specialize_on_alignment,
+            debug=jit_fn.debug,
+            noinline=jit_fn.noinline,
+            repr=jit_fn._repr,
+            launch_metadata=jit_fn.launch_metadata,
+        )
+        if jit_fn.src != k.src:  # an _unsafe_update_src on jit_fn
+            k._unsafe_update_src(jit_fn.src)
+        k.pre_run_hooks.extend(jit_fn.pre_run_hooks)
         return k
 
     def _jk_setup(self) -> None:
@@ -352,8 +357,9 @@ def _params(kernel: Any) -> list[Any]:
 def bind(fn: Any) -> TritonKernel:
     """A jitkey kernel for an existing ``triton.jit`` kernel.
 
-    The result is a new ``JITFunction`` (a :class:`TritonKernel`) that shares ``fn``'s compiled kernels,
-    hooks and options; ``fn`` itself is unchanged. A :class:`TritonKernel` is returned as it is. Anything
+    The result is a new ``JITFunction`` (a :class:`TritonKernel`) of ``fn``'s function with its options,
+    source and pre-run hooks (as they are at the call); ``fn`` itself is unchanged, and the two keep their
+    compiled kernels apart, as two ``triton.jit`` kernels of one function do. A :class:`TritonKernel` is returned as it is. Anything
     else (``@triton.autotune``/``@triton.heuristics`` objects: put ``jitkey.triton.jit`` under them;
     plain functions; Triton's interpreter objects) raises ``TypeError``.
     """
