@@ -39,15 +39,19 @@ def main() -> int:
     a = ap.parse_args()
     p, j = outcomes(a.plain), outcomes(a.jitkey)
     count = lambda d, s: sum(v == s for v in d.values())  # noqa: E731
-    regressions = sorted(n for n, s in p.items() if s == "passed" and j.get(n) != "passed")
+    # a test the jitkey run did not reach (a run stopped at its time limit) is not a regression: counted apart
+    regressions = sorted(n for n, s in p.items() if s == "passed" and j.get(n, "passed") != "passed")
+    unreached = sorted(n for n, s in p.items() if s == "passed" and n not in j)
     fixed = sorted(n for n, s in j.items() if s == "passed" and p.get(n) not in (None, "passed"))
     summary = {
         "plain": {s: count(p, s) for s in ("passed", "failure", "error", "skipped")},
         "jitkey": {s: count(j, s) for s in ("passed", "failure", "error", "skipped")},
         "regressions": regressions,
+        "passed_plain_not_run_with_jitkey": unreached,
         "passed_only_with_jitkey": fixed,
     }
     print(f"plain  {summary['plain']}\njitkey {summary['jitkey']}\nregressions: {len(regressions)}")
+    print(f"passed plain, not reached by the jitkey run: {len(unreached)}")
     for n in regressions:
         print(f"  REGRESSION {n}  (jitkey: {j.get(n, 'missing')})")
     if a.json:

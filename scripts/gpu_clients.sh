@@ -7,6 +7,7 @@
 #
 # Needs jitkey importable (PYTHONPATH) and pytest-xdist. Writes JUnit XML, the fast-path report and the
 # comparison under $OUT (or ./gpu_clients_out). Each run gets its own TRITON_CACHE_DIR, so both compile.
+# SUITE_TIMEOUT (s) stops a run with SIGINT: pytest still writes the JUnit XML of the tests it finished.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 suite="$1"; shift
@@ -22,7 +23,7 @@ run() {  # $1 = plain|jitkey
   local tag="$1"; shift
   local plugin=(-p jitkey.pytest_plugin --jitkey-report-json="$OUTDIR/$suite-$tag-report.json")
   [[ "$tag" == plain ]] && plugin+=(--jitkey-off)
-  ( cd "$dir" && TRITON_CACHE_DIR="$(mktemp -d)" timeout "${SUITE_TIMEOUT:-280}" "$PY" -m pytest -q -p no:cacheprovider \
+  ( cd "$dir" && TRITON_CACHE_DIR="$(mktemp -d)" timeout -s INT -k 30 "${SUITE_TIMEOUT:-280}" "$PY" -m pytest -q -p no:cacheprovider \
       --tb=line -o junit_family=xunit2 --junitxml="$OUTDIR/$suite-$tag.xml" "${plugin[@]}" "$@" ) \
       > "$OUTDIR/$suite-$tag.log" 2>&1
   echo "[$suite/$tag] exit $? · $(tail -n 1 "$OUTDIR/$suite-$tag.log")"

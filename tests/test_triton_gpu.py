@@ -266,6 +266,7 @@ def test_globals_changed_since_compile_raise():
     kernel[(4,)](x, out, 1024, BLOCK=256)
     kernel[(4,)](x, out, 1024, BLOCK=256)
     torch.testing.assert_close(out, x + 1)
+    global_kernel[(4,)](x, out, 1024, BLOCK=256)  # plain Triton compiles it too
     old = GLOBAL_ADD
     try:
         GLOBAL_ADD = tl.constexpr(2)
