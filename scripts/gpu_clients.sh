@@ -19,6 +19,9 @@ case "$suite" in
   liger) dir=.clients/liger; export PYTHONPATH="$root/.clients/liger/src:$root/.clients/liger${PYTHONPATH:+:$PYTHONPATH}" ;;
   *) echo "unknown suite $suite"; exit 2 ;;
 esac
+# The suite's own settings only: without an ini of its own, pytest would take jitkey's pyproject.toml (the
+# suite sits inside this repository), whose filterwarnings=error and addopts are not the suite's.
+[[ -e "$dir/pytest.ini" || -e "$dir/pyproject.toml" || -e "$dir/setup.cfg" ]] || printf '[pytest]\n' > "$dir/pytest.ini"
 run() {  # $1 = plain|jitkey
   local tag="$1"; shift
   local plugin=(-p jitkey.pytest_plugin --jitkey-report-json="$OUTDIR/$suite-$tag-report.json")
