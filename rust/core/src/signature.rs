@@ -272,11 +272,7 @@ impl ByType {
         });
         // `any` and `objects` share one byte (0 neither, 1 any, 2 objects only), so the
         // descriptions of rules without `objects` are what they were before it existed.
-        let any = if b.any {
-            1
-        } else {
-            2 * u8::from(b.objects)
-        };
+        let any = if b.any { 1 } else { 2 * u8::from(b.objects) };
         out.extend_from_slice(&[u8::from(b.none), u8::from(b.tuples), u8::from(b.lists), any]);
         match &b.items {
             Some(items) => {

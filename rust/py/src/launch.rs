@@ -291,7 +291,12 @@ impl Launcher {
     }
 
     /// Whether Triton still holds the entry's kernel where it was found (see `Entry::kcache`).
-    fn entry_current(&self, py: Python<'_>, entry: &Bound<'_, PyAny>, device: &Bound<'_, PyAny>) -> PyResult<bool> {
+    fn entry_current(
+        &self,
+        py: Python<'_>,
+        entry: &Bound<'_, PyAny>,
+        device: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
         let Ok(entry) = entry.cast::<Entry>() else { return Ok(true) }; // launch_hit reports it
         let e = entry.get();
         let (Some(kcache), Some(tkey)) = (&e.kcache, &e.tkey) else { return Ok(true) };

@@ -1085,7 +1085,8 @@ fn is_builtin_value(tp: *mut ffi::PyTypeObject) -> bool {
             | ffi::Py_TPFLAGS_BYTES_SUBCLASS
             | ffi::Py_TPFLAGS_UNICODE_SUBCLASS
             | ffi::Py_TPFLAGS_DICT_SUBCLASS;
-        ffi::PyType_GetFlags(tp) & flags != 0 || ffi::PyType_IsSubtype(tp, addr_of_mut!(ffi::PyFloat_Type)) != 0
+        ffi::PyType_GetFlags(tp) & flags != 0
+            || ffi::PyType_IsSubtype(tp, addr_of_mut!(ffi::PyFloat_Type)) != 0
     }
 }
 
