@@ -24,7 +24,7 @@ import tempfile
 
 _FENCE = re.compile(r"^```python\s*$")
 _MARK = re.compile(r"^<!--\s*snippet:\s*(\w+)\s*(.*?)\s*-->\s*$")
-_IMPORT = re.compile(r"^\s*(?:import|from)\s+(torch|triton)\b", re.M)
+_IMPORT = re.compile(r"^\s*(?:import\s+(?:[\w.]+\s*,\s*)*|from\s+)(torch|triton)\b", re.M)
 
 
 @dataclasses.dataclass
@@ -36,7 +36,8 @@ class Snippet:
 
     @property
     def needs(self) -> set[str]:
-        return set(_IMPORT.findall(self.code))
+        found = set(_IMPORT.findall(self.code))
+        return found | ({"triton"} if "jitkey.triton" in self.code else set())
 
     @property
     def id(self) -> str:
@@ -124,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ok   {s.id}")
         else:
             failed += 1
-            print(f"FAIL {s.id} (exit {proc.returncode})\n{s.code}\n--- stdout\n{proc.stdout}--- stderr\n{proc.stderr}")
+            print(
+                f"FAIL {s.id} (exit {proc.returncode})\n{s.code}\n--- stdout\n{proc.stdout}--- stderr\n{proc.stderr}"
+            )
     print(f"{ran} README snippets run, {failed} failed, {len(found) - ran - failed} skipped")
     return 1 if failed or not ran else 0
 

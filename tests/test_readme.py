@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import readme_snippets  # noqa: E402
+import readme_snippets
 
 README = Path(__file__).parent.parent / "README.md"
 SNIPPETS = readme_snippets.snippets(README.read_text(encoding="utf-8"))

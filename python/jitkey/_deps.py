@@ -24,7 +24,7 @@ def missing(module: str, feature: str) -> ModuleNotFoundError:
 
 def require(module: str, feature: str) -> None:
     """Raise :func:`missing`'s error unless ``module`` can be imported (cheap when already imported)."""
-    if module in sys.modules:
+    if sys.modules.get(module) is not None:
         return
     try:
         found = importlib.util.find_spec(module) is not None

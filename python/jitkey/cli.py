@@ -29,7 +29,7 @@ def parser() -> argparse.ArgumentParser:
         description="jitkey: cache keys and kernel lookup for GPU-kernel JIT frameworks.",
     )
     p.add_argument("--version", action="version", version=f"jitkey {jitkey.__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", title="commands")
     sub.required = True
 
     info = sub.add_parser(
@@ -44,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
         help="inspect or maintain a DiskIndex directory",
         description="Inspect or maintain a DiskIndex directory (default: the directory DiskIndex() uses).",
     )
-    csub = cache.add_subparsers(dest="action", metavar="ACTION")
+    csub = cache.add_subparsers(dest="action", title="actions")
     csub.required = True
     for name, text in [
         ("info", "entries, bytes, mode and damaged records"),
@@ -82,6 +82,13 @@ def _open_index(d: Path | None) -> tuple[Any, list[str]]:
         warnings.simplefilter("always")
         ix = jitkey.DiskIndex(d)
     return ix, [str(w.message) for w in caught]
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
@@ -139,11 +146,13 @@ def _cmd_cache(args: argparse.Namespace) -> int:
             "max_bytes": before.get("max_bytes"),
             "generation": before.get("generation"),
             "damaged_records": before.get("corrupt_records_skipped", 0),
+            # Bytes past the last record that validates: a torn write or damage (nothing there is served).
+            "unvalidated_bytes": max(0, _size(ix.path) - before["file_bytes"]),
             "warnings": notes,
         }
     finally:
         ix.close()
-    healthy = doc["damaged_records"] == 0 and not notes
+    healthy = doc["damaged_records"] == 0 and doc["unvalidated_bytes"] == 0 and not notes
     if as_json:
         if args.action == "verify":
             doc["ok"] = healthy
@@ -155,7 +164,8 @@ def _cmd_cache(args: argparse.Namespace) -> int:
             f"mode       {mode}",
             f"entries    {doc['entries']}",
             f"bytes      {doc['file_bytes']} on disk, {doc['live_bytes']} live (cap {doc['max_bytes']})",
-            f"damaged    {doc['damaged_records']} records",
+            f"damaged    {doc['damaged_records']} records skipped, {doc['unvalidated_bytes']} bytes past the last"
+            " valid record",
         ]
         out += [f"warning    {n}" for n in notes]
         if args.action == "verify":

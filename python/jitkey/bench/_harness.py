@@ -147,8 +147,10 @@ def environment() -> dict[str, Any]:
 
 
 def group_unit(rows: list[Result]) -> str:
-    """One unit per group: µs when any row was measured in µs or every row is at least 10 µs."""
-    if any(r.unit == "us" for r in rows) or min(r.median_ns for r in rows) >= 10_000:
+    """One unit per group: µs when a row was measured in µs, or every row takes at least 1 µs and one at
+    least 10 µs; else ns."""
+    medians = [r.median_ns for r in rows]
+    if any(r.unit == "us" for r in rows) or (min(medians) >= 1_000 and max(medians) >= 10_000):
         return "us"
     return "ns"
 
