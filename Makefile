@@ -23,15 +23,18 @@ TRITON_TESTS = $(shell grep -lE '^[[:space:]]*(import triton|from triton[ .]|.*i
 all: lint test
 
 $(DEPS_STAMP): requirements-dev.txt
-	@test -x $(PY) || python3 -m venv $(VENV)
+	@test -x $(PY) || { echo "[make] creating $(VENV)"; python3 -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-dev.txt
+	@echo "[make] installing the pinned dependencies of requirements-dev.txt into $(VENV) (first run: about 3 GB"
+	@echo "[make] of wheels, torch's CUDA libraries included; several minutes; pip lists what it installs)"
+	set -o pipefail; $(PY) -m pip install --progress-bar off -r requirements-dev.txt | { grep -v '^Requirement already satisfied' || true; }
 	@rm -f $(VENV)/.deps-*; touch $@
 
 venv: $(DEPS_STAMP)
 
 ## build: compile the extension (release, lto) into the venv
 build: venv
+	@echo "[make] building the extension ($(CARGO_PROFILE) profile; the first release build takes a few minutes)"
 	$(MATURIN) develop -q --profile $(CARGO_PROFILE)
 
 ## test: every test: the Rust core, then pytest (tests + benches as correctness checks), then the Triton matrix
