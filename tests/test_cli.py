@@ -69,6 +69,14 @@ def test_info_reports_a_fast_path_forced_off() -> None:
     assert "WARNING" not in off_proc.stderr  # the user's choice: no warning
 
 
+def test_info_reports_the_triton_binding_switched_to_plain() -> None:
+    pytest.importorskip("triton")
+    doc = json.loads(jk("info", "--json", env=dict(os.environ, JITKEY_TRITON="plain")).stdout)
+    binding = doc["fast_paths"]["binding"]
+    assert binding["on"] is False and "JITKEY_TRITON=plain" in binding["why"] and binding["chosen"] is True
+    assert json.loads(jk("info", "--json").stdout)["fast_paths"]["binding"]["on"] is True
+
+
 def test_without_torch_a_tensor_rule_names_the_package_and_the_extra() -> None:
     code = (
         "import sys; sys.modules['torch'] = None  # torch not installed, as far as imports go\n"

@@ -16,6 +16,7 @@ correct path otherwise; this module reports the outcome (``jitkey info``, the be
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from typing import Any
 
@@ -27,6 +28,7 @@ FastPath = dict[str, Any]  # {"on": bool | None, "why": str | None, "what": str}
 _DESCRIPTIONS = {
     "cpython_layout": "tuple items and str hashes read directly (CPython layout)",
     "tensor_fields": "tensor dtype/data_ptr/sizes/strides read from torch's TensorImpl",
+    "binding": "jitkey.triton.jit returns jitkey kernels (JITKEY_TRITON=plain: plain Triton)",
     "native_launcher": "Triton warm launch in one native call",
     "direct_launch": "Triton hit calls the compiled C launcher directly",
 }
@@ -101,18 +103,17 @@ def triton_paths() -> dict[str, FastPath]:
         except Exception as e:  # the report must not fail because the binding did
             facts, why = {}, f"unknown (jitkey.triton.fast_paths() raised {type(e).__name__}: {e})"
     out: dict[str, FastPath] = {}
-    for name in (
-        "native_launcher",
-        "direct_launch",
-        *sorted(set(facts) - {"native_launcher", "direct_launch"}),
-    ):
+    known = ("binding", "native_launcher", "direct_launch")
+    for name in (*known, *sorted(set(facts) - set(known))):
+        if name == "binding" and name not in facts and why is None:
+            continue  # an older binding without the switch
         if name in facts and isinstance(facts[name], dict):
             f = facts[name]
             on = f.get("on")
             out[name] = {
                 "on": None if on is None else bool(on),
                 "why": f.get("why"),
-                "chosen": bool(f.get("chosen", False)),
+                "chosen": bool(f.get("chosen", name == "binding" and os.environ.get("JITKEY_TRITON"))),
                 "what": _DESCRIPTIONS.get(name, name.replace("_", " ")),
             }
         else:
