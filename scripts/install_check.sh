@@ -32,6 +32,8 @@ check_venv() {  # $1: label, $2: venv dir
   "$py" -c "import jitkey, sys; p = jitkey.__file__; sys.exit(0 if p.startswith('$venv/') else 'jitkey from ' + p)"
   "$jk" info
   "$jk" info --json | "$py" -c "import json, sys; d = json.load(sys.stdin); assert d['jitkey'] == '$version', d"
+  "$py" -c "import inspect, jitkey; assert 'Single-flight' in inspect.getdoc(jitkey.LruCache.get_or_insert)" \
+    || fail "$label: help() shows no docs on the native classes"
   "$jk" cache info | grep -q "no index here yet" || fail "$label: cache info on an empty directory"
   "$py" -c "import jitkey; ix = jitkey.DiskIndex(); ix.put(('k', 1), b'v'); ix.close()"
   "$jk" cache info | grep -qE "entries +1" || fail "$label: cache info after one put"
@@ -66,7 +68,8 @@ with_dev_torch wheel "$WORK/venv-wheel"
 log "sdist: $sdist (pip builds it: maturin from PyPI, cargo release build)"
 python3 -m venv "$WORK/venv-sdist"
 t0=$SECONDS
-"$WORK/venv-sdist/bin/python" -m pip install -q "$sdist"
+# a build from scratch, as a user's pip does it (not from a target directory this machine already has)
+env -u CARGO_TARGET_DIR "$WORK/venv-sdist/bin/python" -m pip install -q --no-cache-dir "$sdist"
 log "sdist built and installed in $((SECONDS - t0)) s"
 check_venv sdist "$WORK/venv-sdist"
 log "all passed"
