@@ -383,7 +383,14 @@ def write_plot(results: list[Result], env: dict[str, Any], path: str) -> None:
         ax.set_xlim(lo_r / 1.6, hi_r * 4.5)  # room on the right for the labels
         ax.axvline(1.0, color="#222222", linewidth=0.8, linestyle="--")
         ax.grid(axis="x", which="both", alpha=0.25)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+        # Labelled ticks at 1-2-5 steps (finer when the range spans less than about a decade).
+        left, right = ax.get_xlim()
+        for steps in ((1, 2, 5), (1, 2, 3, 4, 5, 6, 8)):
+            xt = sorted(m * 10.0**e for e in range(-4, 5) for m in steps)
+            xt = [t for t in xt if left <= t <= right]
+            if len(xt) >= 5:
+                break
+        ax.set_xticks(xt, [f"{t:g}x" for t in xt], fontsize=8.5)
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_title(f"{section}: time relative to the group's baseline (log scale, lower is faster)",
                      fontsize=10, loc="left")  # fmt: skip
