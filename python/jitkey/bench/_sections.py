@@ -133,7 +133,7 @@ def lookup_section(quick: bool) -> SectionResult:
 
         from jitkey.bench import _lookup_peers as peers
     except ImportError as e:
-        return Skipped("lookup", f"needs torch and triton ({e})")
+        return Skipped("lookup", f"needs torch and triton ({e}): pip install 'jitkey[torch,triton]'")
     cases: list[Case] = []
     sentinel = object()
 
@@ -277,20 +277,28 @@ def disk_section(quick: bool) -> SectionResult:
     return cases
 
 
+def gpu_unavailable_reason() -> str | None:
+    """Why the launch section cannot run here (``None`` when it can)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return "needs torch, which is not installed: pip install torch  (or: pip install 'jitkey[torch]')"
+    import torch
+
+    if not torch.cuda.is_available():
+        return (
+            "no CUDA GPU here (torch.cuda.is_available() is False); the launch section runs on an NVIDIA GPU"
+        )
+    if importlib.util.find_spec("triton") is None:
+        return "needs triton, which is not installed: pip install 'jitkey[triton]'"
+    return None
+
+
 def launch_section(quick: bool) -> SectionResult:
     """GPU launch overhead: Triton fn[grid] vs the jitkey binding vs CompiledKernel.run vs torch.add."""
-    try:
-        import torch
-    except ImportError:
-        return Skipped("launch", "torch is not installed")
-    if not torch.cuda.is_available():
-        return Skipped(
-            "launch", "no CUDA GPU here (torch.cuda.is_available() is False); run on an NVIDIA GPU"
-        )
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return Skipped("launch", "triton is not installed")
+    why = gpu_unavailable_reason()
+    if why is not None:
+        return Skipped("launch", why)
     from jitkey import triton_bench
 
     batches, launches = (20, 100) if quick else (100, 200)
@@ -304,6 +312,11 @@ class LaunchRun:
     run: Callable[[], dict[str, Any]]
     batches: int
     launches: int
+
+    def describe(self) -> str:
+        return (
+            f"4 kernels, {self.batches} batches of {self.launches} launches per implementation, interleaved"
+        )
 
     def results(self) -> list[Result]:
         res = self.run()  # each implementation's output is checked against torch before timing
