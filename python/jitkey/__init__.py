@@ -20,6 +20,7 @@ from jitkey._core import (
 from jitkey.env import DEFAULT_ENV_VARS, env_key
 from jitkey.errors import JitKeyError, UnsupportedKeyError
 from jitkey.fnkey import GlobalsGuard, function_key, function_key_tree
+from jitkey.remote import RemoteIndex, TieredIndex
 
 __all__ = [
     "DEFAULT_ENV_VARS",
@@ -31,7 +32,9 @@ __all__ = [
     "GlobalsGuard",
     "JitKeyError",
     "LruCache",
+    "RemoteIndex",
     "Signature",
+    "TieredIndex",
     "UnsupportedKeyError",
     "__version__",
     "digest",
