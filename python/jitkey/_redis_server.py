@@ -16,6 +16,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 __all__ = ["RedisServer", "RedisServerError", "find_redis_server"]
@@ -40,6 +41,13 @@ def find_redis_server() -> Path | None:
         if cand.is_file():
             return cand
     return None
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait()
 
 
 def _free_port() -> int:
@@ -122,6 +130,7 @@ class RedisServer:
             )
         finally:
             log.close()
+        weakref.finalize(self, _kill, self.proc)  # never outlives this object or the interpreter
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -135,10 +144,8 @@ class RedisServer:
 
     def kill(self) -> None:
         """``SIGKILL`` the server (no shutdown, no save) and reap it."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)  # a paused process dies on SIGKILL anyway; be explicit
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            _kill(self.proc)
 
     def pause(self) -> None:
         """``SIGSTOP``: connections are still accepted by the kernel, but nothing is answered."""

@@ -56,7 +56,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from jitkey._core import DiskIndex, digest
+from jitkey._core import DiskIndex, _TierBase, digest
 from jitkey.errors import (
     KeyLengthError,
     MissingDependencyError,
@@ -524,16 +524,36 @@ class RemoteIndex:
         return f"jitkey.RemoteIndex({self._redacted!r}, namespace={self._namespace!r})"
 
 
-class TieredIndex:
+class _Fill:
+    """The remote half of :meth:`TieredIndex.get` (holds no reference to the TieredIndex: no cycle)."""
+
+    __slots__ = ("fills", "local", "lock", "remote")
+
+    def __init__(self, local: DiskIndex, remote: RemoteIndex) -> None:
+        self.local, self.remote = local, remote
+        self.fills = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, key: object) -> bytes | None:
+        value = self.remote.get(key)
+        if value is not None and len(value) <= DiskIndex.MAX_VALUE:
+            self.local.put(key, value)
+            with self.lock:
+                self.fills += 1
+        return value
+
+
+class TieredIndex(_TierBase):
     """A local :class:`jitkey.DiskIndex` in front of a :class:`RemoteIndex`; the interface of a ``DiskIndex``.
 
     ``get``: the local index; on a local miss the remote, and a remote hit is copied into the local
     index (``remote_fills``). ``put`` / ``put_many``: the local index, then the remote. A local hit does
-    not touch the remote. Caller mistakes raise as for ``DiskIndex`` (checked by the local index first);
-    the remote never raises (see :class:`RemoteIndex`).
+    not touch the remote and costs what ``DiskIndex.get`` costs (``get`` is native up to the local
+    miss). Caller mistakes raise as for ``DiskIndex`` (checked by the local index first); the remote
+    never raises (see :class:`RemoteIndex`).
     """
 
-    __slots__ = ("_fills", "_get_local", "_lock", "local", "remote")
+    __slots__ = ("_fill", "local", "remote")
 
     def __init__(self, local: DiskIndex, remote: RemoteIndex) -> None:
         if not isinstance(local, DiskIndex):
@@ -542,24 +562,8 @@ class TieredIndex:
             raise TypeError(f"remote must be a jitkey.RemoteIndex, not {type(remote).__qualname__}")
         self.local = local
         self.remote = remote
-        self._get_local = local.get
-        self._fills = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: object) -> bytes | None:
-        """The local value, else the remote one (then copied into the local index), else ``None``."""
-        value = self._get_local(key)
-        if value is None:
-            return self._get_remote(key)
-        return value
-
-    def _get_remote(self, key: object) -> bytes | None:
-        value = self.remote.get(key)
-        if value is not None and len(value) <= DiskIndex.MAX_VALUE:
-            self.local.put(key, value)
-            with self._lock:
-                self._fills += 1
-        return value
+        self._fill = _Fill(local, remote)
+        self._tier_init(local, self._fill)
 
     def __contains__(self, key: object) -> bool:
         return self.get(key) is not None
@@ -596,8 +600,8 @@ class TieredIndex:
         out = dict(self.local.stats())
         for k, v in self.remote.stats().items():
             out["remote_" + k] = v
-        with self._lock:
-            out["remote_fills"] = self._fills
+        with self._fill.lock:
+            out["remote_fills"] = self._fill.fills
         return out
 
     @property
