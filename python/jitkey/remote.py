@@ -25,10 +25,10 @@ version, the user namespace, the same 32-byte digest the ``DiskIndex`` uses. The
 (``ENVELOPE_MAGIC``, a flags byte, the key digest, the value length, the value, a tag). A reader fetches at
 most ``max_value`` + the envelope's overhead bytes (``GETRANGE``, so an oversize value is never
 transferred whole) and accepts the value only if the magic and format version, the key digest, the length
-and the tag all check; the tag covers the Redis key (so the namespace) and everything before the tag. Without
-a secret the tag is a blake2b-128 checksum (it catches truncation and corruption, not forgery); with
-``secret=`` it is an HMAC-SHA256, and a reader with the secret rejects anything a writer without it
-stored. A reader without a secret rejects HMAC-tagged values and vice versa. Anything else is a miss
+and the tag all check; the tag covers the Redis key (so the namespace) and everything before the tag.
+Without a secret the tag is a 128-bit checksum (:func:`jitkey.digest`, blake2b): it catches truncation and
+corruption, not forgery. With ``secret=`` it is an HMAC-SHA256, and a reader with the secret rejects
+anything a writer without it stored. A reader without a secret rejects HMAC-tagged values and vice versa. Anything else is a miss
 (``rejects``), never a wrong value; nothing is ever unpickled. Schema checks of the payload itself stay the
 caller's (``jitkey.triton.autotune`` checks its JSON as it does for the ``DiskIndex``).
 
@@ -45,7 +45,6 @@ Needs the ``redis`` client: ``pip install 'jitkey[redis]'``; without it :class:`
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import hmac
 import os
 import struct
@@ -53,6 +52,7 @@ import threading
 import time
 import urllib.parse
 import warnings
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -97,7 +97,7 @@ _BACKOFF_MAX: Final = 60.0
 
 # Envelope: magic (4) | flags (1) | reserved (3, zero) | key digest (32) | value length (u32 LE) | value | tag
 _HEADER: Final = struct.Struct("<4sB3s32sI")
-_FLAG_CHECKSUM: Final = 0  # tag = blake2b-128 (integrity only)
+_FLAG_CHECKSUM: Final = 0  # tag = jitkey.digest (blake2b) truncated to 128 bits (integrity only)
 _FLAG_HMAC: Final = 1  # tag = HMAC-SHA256 with the shared secret
 _TAG_LEN: Final = {_FLAG_CHECKSUM: 16, _FLAG_HMAC: 32}
 _ZERO3: Final = b"\0\0\0"
@@ -248,7 +248,9 @@ class RemoteIndex:
         self._backoff, self._backoff_max = float(backoff), float(backoff_max)
         self._exc = redis.exceptions
         try:
-            self._client = redis.Redis.from_url(
+            # redis-py parses the URL (auth, TLS, unix sockets, db) and makes the connections; the commands
+            # go straight through one connection per thread (see _call), not through redis.Redis.
+            self._pool = redis.ConnectionPool.from_url(
                 url,
                 socket_timeout=self._timeout,
                 socket_connect_timeout=self._connect_timeout,
@@ -257,6 +259,8 @@ class RemoteIndex:
             )
         except (ValueError, TypeError) as exc:
             raise RemoteConfigError(f"cannot use remote cache URL {self._redacted!r}: {exc}") from None
+        self._local = threading.local()
+        self._conns: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._failures = 0
         self._skip_until = 0.0
@@ -278,12 +282,8 @@ class RemoteIndex:
 
     def _tag(self, rkey: bytes, body: bytes) -> bytes:
         if self._secret is not None:
-            h = hmac.new(self._secret, rkey, hashlib.sha256)
-            h.update(body)
-            return h.digest()
-        h2 = hashlib.blake2b(rkey, digest_size=16)
-        h2.update(body)
-        return h2.digest()
+            return hmac.digest(self._secret, rkey + body, "sha256")
+        return digest(rkey + body)[:16]  # jitkey's blake2b-256 (native), truncated
 
     def _open(self, rkey: bytes, d: bytes, raw: bytes) -> tuple[bytes | None, str]:
         """The value inside envelope ``raw`` fetched under ``rkey``, or ``(None, why it was rejected)``."""
@@ -363,6 +363,39 @@ class RemoteIndex:
             self._stats["rejects"] += 1
         self._warn_once("reject:" + why, f"rejected a remote value ({why}); treated as a miss")
 
+    # -- the wire -------------------------------------------------------------------------------------------
+    def _conn(self) -> Any:
+        """This thread's connection (a new one in a forked child: never share a parent's socket)."""
+        local = self._local
+        conn = getattr(local, "conn", None)
+        pid = os.getpid()
+        if conn is None or local.pid != pid:
+            conn = self._pool.make_connection()
+            local.conn, local.pid = conn, pid
+            self._conns.add(conn)
+        return conn
+
+    def _call(self, *commands: tuple[Any, ...]) -> list[Any]:
+        """Send ``commands`` in one write and read their replies (an error reply is returned as its
+        ``ResponseError``). A connection, timeout or protocol error disconnects (the next call reconnects,
+        so a late reply can never be read as another command's) and raises."""
+        conn = self._conn()
+        try:
+            if len(commands) == 1:
+                conn.send_command(*commands[0])
+            else:
+                conn.send_packed_command(conn.pack_commands(commands))
+            out: list[Any] = []
+            for _ in commands:
+                try:
+                    out.append(conn.read_response())
+                except self._exc.ResponseError as exc:
+                    out.append(exc)
+            return out
+        except BaseException:
+            conn.disconnect()
+            raise
+
     # -- the DiskIndex interface ------------------------------------------------------------------------------
     def get(self, key: object) -> bytes | None:
         """The value stored under ``key``, or ``None`` (absent, rejected, remote failing or in back-off).
@@ -372,15 +405,11 @@ class RemoteIndex:
             jitkey.errors.UnsupportedKeyError: a key jitkey cannot encode.
         """
         d = _key_digest(key)
-        if self._skipping():
+        if (self._failures or self._closed) and self._skipping():
             return None
         rkey = self._prefix + d.hex().encode()
         try:
-            raw = self._client.getrange(rkey, 0, self._max_raw)
-        except self._exc.ResponseError as exc:  # e.g. WRONGTYPE: something else lives under our key
-            self._succeeded()
-            self._reject(f"server refused the read ({exc})")
-            return None
+            (raw,) = self._call(("GETRANGE", rkey, 0, self._max_raw))
         except self._exc.RedisError as exc:
             self._failed(exc)
             return None
@@ -388,6 +417,9 @@ class RemoteIndex:
             self._failed(self._exc.ConnectionError(str(exc)))
             return None
         self._succeeded()
+        if isinstance(raw, self._exc.ResponseError):  # e.g. WRONGTYPE: something else lives under our key
+            self._reject(f"server refused the read ({raw})")
+            return None
         if not raw:  # GETRANGE of a missing key is b""
             with self._lock:
                 self._stats["misses"] += 1
@@ -436,22 +468,25 @@ class RemoteIndex:
             return True
         if self._skipping():
             return False
+        px = () if self._px is None else ("PX", self._px)
         try:
-            if len(sealed) == 1:
-                ok = bool(self._client.set(sealed[0][0], sealed[0][1], px=self._px))
-            else:
-                pipe = self._client.pipeline(transaction=False)
-                for rkey, raw in sealed:
-                    pipe.set(rkey, raw, px=self._px)
-                ok = all(pipe.execute())
-        except self._exc.RedisError as exc:
+            replies = self._call(*[("SET", rkey, raw, *px) for rkey, raw in sealed])
+        except (self._exc.RedisError, OSError) as exc:
             with self._lock:
                 self._stats["put_failures"] += len(sealed)
-            self._failed(exc)
+            self._failed(
+                exc if isinstance(exc, self._exc.RedisError) else self._exc.ConnectionError(str(exc))
+            )
             return False
-        self._succeeded()
+        refused = [r for r in replies if isinstance(r, self._exc.ResponseError)]
+        ok = not refused and all(r in (b"OK", "OK", True) for r in replies)
         with self._lock:
-            self._stats["puts" if ok else "put_failures"] += len(sealed)
+            self._stats["puts"] += sum(1 for r in replies if r in (b"OK", "OK", True))
+            self._stats["put_failures"] += len(replies) - sum(1 for r in replies if r in (b"OK", "OK", True))
+        if refused:  # e.g. OOM (maxmemory with noeviction) or READONLY (a replica): back off
+            self._failed(refused[0])
+        else:
+            self._succeeded()
         return ok
 
     def delete(self, key: object) -> bool:
@@ -460,9 +495,14 @@ class RemoteIndex:
         if self._skipping():
             return False
         try:
-            n = self._client.delete(rkey)
-        except self._exc.RedisError as exc:
-            self._failed(exc)
+            (n,) = self._call(("DEL", rkey))
+        except (self._exc.RedisError, OSError) as exc:
+            self._failed(
+                exc if isinstance(exc, self._exc.RedisError) else self._exc.ConnectionError(str(exc))
+            )
+            return False
+        if isinstance(n, self._exc.ResponseError):
+            self._failed(n)
             return False
         self._succeeded()
         return bool(n)
@@ -510,8 +550,11 @@ class RemoteIndex:
     def close(self) -> None:
         """Close the connections; later calls are misses / no-ops (a closed remote is skipped)."""
         self._closed = True
-        with contextlib.suppress(self._exc.RedisError):
-            self._client.close()
+        for conn in list(self._conns):
+            with contextlib.suppress(self._exc.RedisError, OSError):
+                conn.disconnect()
+        with contextlib.suppress(self._exc.RedisError, OSError):
+            self._pool.disconnect()
 
     def __enter__(self) -> RemoteIndex:
         return self
