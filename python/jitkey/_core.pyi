@@ -239,6 +239,7 @@ class DiskIndex:
     def default_directory(cls) -> pathlib.Path | None:
         """The directory used when ``path`` is ``None`` (from the environment)."""
 
+@disjoint_base
 class _TierBase:
     """Private: base of :class:`jitkey.TieredIndex`; ``get`` looks in the local ``DiskIndex`` natively and
     calls ``on_miss(key)`` only on a local miss."""
