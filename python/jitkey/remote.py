@@ -559,9 +559,8 @@ class RemoteIndex:
     def __enter__(self) -> RemoteIndex:
         return self
 
-    def __exit__(self, *_exc: object) -> bool:
+    def __exit__(self, *_exc: object) -> None:
         self.close()
-        return False
 
     def __repr__(self) -> str:
         return f"jitkey.RemoteIndex({self._redacted!r}, namespace={self._namespace!r})"
@@ -664,9 +663,8 @@ class TieredIndex(_TierBase):
     def __enter__(self) -> TieredIndex:
         return self
 
-    def __exit__(self, *_exc: object) -> bool:
+    def __exit__(self, *_exc: object) -> None:
         self.close()
-        return False
 
     def __repr__(self) -> str:
         return f"jitkey.TieredIndex({self.local.path.parent}, {self.remote!r})"

@@ -98,6 +98,9 @@ def setup() -> RemoteSetup | str:
         return f"the test server did not take a put: {remote.stats()}"
     rkey = remote.redis_key(key)
     envelope = plain.get(rkey)
+    if not isinstance(envelope, bytes):
+        server.stop()
+        return f"the test server did not return the stored bytes: {envelope!r}"
     tb = triton_backend("127.0.0.1", server.port, "bench")
     if tb is not None:
         tb.put(TRITON_FILE, VALUE)
