@@ -508,3 +508,30 @@ def test_concurrent_hosts_every_acknowledged_value_exact(server: RedisServer, tm
 @pytest.mark.slow
 def test_concurrent_hosts_soak(server: RedisServer, tmp_path: Path) -> None:
     _hammer(server, tmp_path, procs=8, keys_per_proc=3000)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The bench CLI's remote section
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_bench_cli_remote_section(server: RedisServer, tmp_path: Path) -> None:
+    """``python -m jitkey bench --only remote`` starts its own server, checks every case and reports them."""
+    import json
+    import subprocess
+
+    js = tmp_path / "remote.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "jitkey", "bench", "--quick", "--only", "remote", "--json", str(js)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = {(r["group"], r["impl"]): r for r in json.loads(js.read_text())["results"]}
+    impls = {impl for _, impl in rows}
+    assert {"jitkey RemoteIndex.get", "redis-py GET (same bytes)", "jitkey RemoteIndex.put"} <= impls
+    assert {"jitkey TieredIndex.get", "jitkey DiskIndex.get"} <= impls
+    assert ("remote get hit (256 B)", "triton RedisRemoteCacheBackend.get") in rows
+    assert all(r["median_ns"] > 0 for r in rows.values())
+    assert "== remote ==" in proc.stdout
