@@ -223,6 +223,25 @@ def test_default_index_is_tiered_with_the_env_var(
         monkeypatch.setattr(jitkey.remote, "_default", None)
 
 
+def test_forked_children_use_their_own_connection(server: RedisServer) -> None:
+    """A child never reads or writes on its parent's socket (interleaved replies would be misread)."""
+    remote = RemoteIndex(server.url)
+    assert remote.put(("shared",), b"1") and remote.get(("shared",)) == b"1"  # the parent's connection exists
+    pids = []
+    for i in range(4):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            ok = all(remote.get(("shared",)) == b"1" for _ in range(200)) and remote.put(
+                ("child", i), b"%d" % i
+            )
+            os._exit(0 if ok and remote.stats()["errors"] == 0 else 1)
+        pids.append(pid)
+    assert all(remote.get(("shared",)) == b"1" for _ in range(200))
+    assert [os.waitpid(p, 0)[1] for p in pids] == [0, 0, 0, 0]
+    assert [remote.get(("child", i)) for i in range(4)] == [b"0", b"1", b"2", b"3"]
+    assert remote.stats()["errors"] == 0
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The tiered index
 # ---------------------------------------------------------------------------------------------------------
