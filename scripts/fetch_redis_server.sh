@@ -7,9 +7,12 @@
 #   scripts/fetch_redis_server.sh              # -> .redis-debs/*.deb and .redis-debs/root/usr/bin/redis-server
 #   EXTRA_DEBS="libssl3 libsystemd0" scripts/fetch_redis_server.sh   # for hosts missing those too
 #
+# It also downloads the pinned redis-py wheel (requirements-dev.txt) into .redis-debs/wheels/ for a host
+# without a package index: `pip install --no-index .redis-debs/wheels/redis-*.whl` there.
 # Carry .redis-debs/ to the other machine (or just the .deb files and re-run with --unpack-only there);
-# jitkey._redis_server (the tests, the bench CLI's remote section, examples/shared_autotune.py --mode
-# second-host) finds .redis-debs/root/usr/bin/redis-server and sets LD_LIBRARY_PATH for it.
+# jitkey._redis_server (the tests, the bench CLI's remote section, examples/shared_autotune.py
+# --second-host) finds .redis-debs/root/usr/bin/redis-server (under the current directory or the source
+# checkout; or set JITKEY_REDIS_SERVER) and sets LD_LIBRARY_PATH for it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.redis-debs
@@ -27,6 +30,12 @@ if [[ $unpack_only == 0 ]]; then
         echo "apt-get download failed (run apt-get update first?)" >&2
         exit 1
     }
+    py=python3
+    [[ -x .venv/bin/python ]] && py=.venv/bin/python
+    pin=$(grep -E '^redis==' requirements-dev.txt || echo redis)
+    rm -rf "$out/wheels"
+    "$py" -m pip download -q --no-deps -d "$out/wheels" "$pin" ||
+        echo "warning: could not download the $pin wheel (pip); the server is still unpacked" >&2
 fi
 
 rm -rf "$out/root"

@@ -24,8 +24,8 @@ TRITON_FILE = "kernel.json"
 def triton_backend(host: str, port: int, key: str) -> Any:
     """Triton's ``RedisRemoteCacheBackend(key)`` for ``host:port``, or ``None`` without triton / the class.
 
-    Triton 3.6's constructor reads ``knobs.cache.redis``, which that release does not define (its Redis knobs
-    are ``knobs.redis``), so it raises ``AttributeError``. Then the object is built with exactly the
+    Triton 3.6's (and 3.9's) constructor reads ``knobs.cache.redis``, which those releases do not define (their
+    Redis knobs are ``knobs.redis``), so it raises ``AttributeError``. Then the object is built with exactly the
     attributes the constructor sets (``_key``, ``_key_fmt`` and ``_redis = redis.Redis(host, port)``, from
     ``knobs.redis``); ``get`` / ``put`` are Triton's own methods either way.
     """
