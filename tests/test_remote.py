@@ -242,6 +242,24 @@ def test_forked_children_use_their_own_connection(server: RedisServer) -> None:
     assert remote.stats()["errors"] == 0
 
 
+def test_auth_from_the_url(server: RedisServer, record: list[warnings.WarningMessage]) -> None:
+    """A password in the URL authenticates; without it the server refuses, which is an outage, not bad data."""
+    with RedisServer(extra_args=("--requirepass", "pw")) as locked:
+        url = locked.url.replace("redis://", "redis://:pw@")
+        good = RemoteIndex(url)
+        assert good.put(("k",), b"v") and good.get(("k",)) == b"v"
+        assert "pw" not in good.url
+        anonymous = fast_remote(locked.url)
+        assert anonymous.get(("k",)) is None and anonymous.put(("k",), b"x") is False
+        st = anonymous.stats()
+        assert st["errors"] == 1 and st["rejects"] == 0 and st["state"] == "backoff", st
+        assert "NOAUTH" in st["last_error"] or "Authentication" in st["last_error"]
+        wrong = fast_remote(url.replace(":pw@", ":nope@"))
+        assert wrong.get(("k",)) is None and wrong.stats()["errors"] == 1
+        assert good.get(("k",)) == b"v"
+        assert len(remote_warnings(record)) >= 2
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The tiered index
 # ---------------------------------------------------------------------------------------------------------

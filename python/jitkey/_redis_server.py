@@ -60,7 +60,7 @@ def _ping(port: int, timeout: float = 0.2) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
             s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+            return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # up (with --requirepass: NOAUTH)
     except OSError:
         return False
 
@@ -72,7 +72,12 @@ class RedisServer:
     :meth:`stop`. :attr:`url` is ``redis://127.0.0.1:<port>/0``.
     """
 
-    def __init__(self, binary: str | os.PathLike[str] | None = None, port: int | None = None) -> None:
+    def __init__(
+        self,
+        binary: str | os.PathLike[str] | None = None,
+        port: int | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         found = Path(binary) if binary is not None else find_redis_server()
         if found is None or not found.is_file():
             raise RedisServerError(
@@ -84,6 +89,7 @@ class RedisServer:
         self._tmp = tempfile.TemporaryDirectory(prefix="jitkey-redis-")
         self.dir = Path(self._tmp.name)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.extra_args = tuple(extra_args)
 
     @property
     def url(self) -> str:
@@ -113,7 +119,7 @@ class RedisServer:
             "databases": "2",
             "loglevel": "warning",
         }
-        return [x for k, v in options.items() for x in (f"--{k}", v)]
+        return [x for k, v in options.items() for x in (f"--{k}", v)] + list(self.extra_args)
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start the server (again, on the same port, after :meth:`kill`) and wait until it answers."""

@@ -167,7 +167,9 @@ class RemoteIndex:
 
     Keys and values follow :class:`jitkey.DiskIndex`: a 32-byte ``bytes`` key is a digest, any other keyable
     value is digested; values are ``bytes``. Nothing connects until the first operation. Every method is
-    thread-safe and fork-safe (redis-py's pool reconnects in a child).
+    thread-safe and fork-safe: commands go through one connection per thread and process (a forked child
+    opens its own), made by redis-py from the URL (auth, TLS, database) but not dispatched through
+    ``redis.Redis``.
 
     Raises:
         jitkey.errors.MissingDependencyError: the ``redis`` package is not installed (``jitkey[redis]``).
@@ -416,10 +418,14 @@ class RemoteIndex:
         except OSError as exc:  # pragma: no cover - redis-py wraps socket errors; belt and braces
             self._failed(self._exc.ConnectionError(str(exc)))
             return None
-        self._succeeded()
-        if isinstance(raw, self._exc.ResponseError):  # e.g. WRONGTYPE: something else lives under our key
-            self._reject(f"server refused the read ({raw})")
+        if isinstance(raw, self._exc.ResponseError):
+            if str(raw).startswith("WRONGTYPE"):  # something else lives under our key: bad data
+                self._succeeded()
+                self._reject("another Redis type under the key (WRONGTYPE)")
+            else:  # NOAUTH, NOPERM, LOADING, ...: the server is not usable now
+                self._failed(raw)
             return None
+        self._succeeded()
         if not raw:  # GETRANGE of a missing key is b""
             with self._lock:
                 self._stats["misses"] += 1
