@@ -18,7 +18,7 @@ TRITON_LATEST_STAMP := $(TRITON_LATEST_DIR)/.installed-$(TRITON_LATEST)
 # Every test/bench module that imports triton (new ones join the matrix automatically).
 TRITON_TESTS = $(shell grep -lE '^[[:space:]]*(import triton|from triton[ .]|.*importorskip..triton)' tests/test_*.py benches/test_*.py)
 
-.PHONY: all venv build test test-rust test-python test-triton-latest bench lint format wheel sdist install-check clean
+.PHONY: all venv build test test-rust test-python test-triton-latest bench lint format wheel sdist install-check clean redis-server
 
 all: lint test
 
@@ -44,8 +44,19 @@ test: build test-rust test-python
 test-rust:
 	cargo test -p jitkey-core
 
-test-python: build
+test-python: build redis-server
 	JITKEY_EXPECT_TRITON=$(TRITON_PINNED) $(PY) -m pytest -q $(PYTEST_ARGS)
+
+## redis-server: the Redis tier tests' server (Debian's package), installed quietly with apt when missing and
+## apt is usable (root); otherwise those tests skip with the reason (and fail under CI=true).
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing redis-server with apt-get (for tests/test_remote.py)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      redis-server; } >/dev/null 2>&1 || echo "warning: apt-get could not install redis-server"; \
+	  fi; \
+	  command -v redis-server >/dev/null 2>&1 || echo "note: no redis-server: the Redis tests skip (CI=true: they fail)"; }
 
 $(TRITON_LATEST_STAMP): | venv
 	rm -rf $(TRITON_LATEST_DIR)

@@ -20,6 +20,7 @@ from jitkey._core import (
 from jitkey.env import DEFAULT_ENV_VARS, env_key
 from jitkey.errors import JitKeyError, UnsupportedKeyError
 from jitkey.fnkey import GlobalsGuard, function_key, function_key_tree
+from jitkey.remote import RemoteIndex, TieredIndex
 
 logger = _log.logger
 """The ``jitkey`` logger (see :mod:`jitkey._log`: fast paths that switch off, fallbacks at DEBUG)."""
@@ -38,7 +39,9 @@ __all__ = [
     "GlobalsGuard",
     "JitKeyError",
     "LruCache",
+    "RemoteIndex",
     "Signature",
+    "TieredIndex",
     "UnsupportedKeyError",
     "__version__",
     "digest",

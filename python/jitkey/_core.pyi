@@ -245,6 +245,17 @@ class DiskIndex:
     def default_directory(cls) -> pathlib.Path | None:
         """The directory used when ``path`` is ``None`` (from the environment)."""
 
+@disjoint_base
+class _TierBase:
+    """Private: base of :class:`jitkey.TieredIndex`; ``get`` looks in the local ``DiskIndex`` natively and
+    calls ``on_miss(key)`` only on a local miss."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self: ...
+    def _tier_init(self, local: DiskIndex, on_miss: Callable[[Any], bytes | None], /) -> None:
+        """Set the local index and the miss handler (once)."""
+    def get(self, key: object) -> bytes | None:
+        """The local value, else ``on_miss(key)``."""
+
 @final
 class _Miss:
     """The type of :data:`MISS` (falsy; ``repr`` is ``jitkey.MISS``)."""

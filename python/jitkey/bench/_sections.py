@@ -294,6 +294,54 @@ def gpu_unavailable_reason() -> str | None:
     return None
 
 
+def remote_section(quick: bool) -> SectionResult:
+    """Redis tier: RemoteIndex get hit / put vs a bare redis-py GET / SET of the same bytes and Triton's
+    RedisRemoteCacheBackend; TieredIndex local hit vs DiskIndex alone. Needs redis-server and redis-py."""
+    from jitkey.bench import _remote_peers as rp
+
+    s = rp.setup()
+    if isinstance(s, str):
+        return Skipped("remote", s)
+    env = {"ri": s.remote, "r": s.plain, "tb": s.triton, "k": s.key, "rk": s.redis_key, "v": rp.VALUE}
+    env.update(raw=s.envelope, fn=[rp.TRITON_FILE], f=rp.TRITON_FILE, dx=s.disk, tx=s.tier, _setup=s)
+
+    def check_remote() -> None:
+        _expect(s.remote.get(s.key), rp.VALUE, "RemoteIndex.get of the stored key")
+        _expect(s.plain.get(s.redis_key), s.envelope, "redis-py GET of the same Redis key")
+        _expect(rp.VALUE in s.envelope, True, "the envelope carries the value")
+        if s.triton is not None:
+            _expect(s.triton.get([rp.TRITON_FILE]), {rp.TRITON_FILE: rp.VALUE}, "Triton backend get")
+        _expect(s.remote.stats()["errors"] + s.remote.stats()["rejects"], 0, "remote errors/rejects")
+
+    def check_tier() -> None:
+        before = s.remote.stats()["hits"] + s.remote.stats()["misses"]
+        _expect(s.tier.get(s.key), rp.VALUE, "TieredIndex.get (local hit)")
+        _expect(s.disk.get(s.key), rp.VALUE, "DiskIndex.get")
+        _expect(
+            s.remote.stats()["hits"] + s.remote.stats()["misses"], before, "remote untouched by a local hit"
+        )
+
+    size = f"{len(rp.VALUE)} B"
+    rows = [
+        (f"remote get hit ({size})", "redis-py GET (same bytes)", "r.get(rk)", True),
+        (f"remote get hit ({size})", "jitkey RemoteIndex.get", "ri.get(k)", False),
+        (f"remote get hit ({size})", "triton RedisRemoteCacheBackend.get", "tb.get(fn)", False),
+        (f"remote put ({size})", "redis-py SET (same bytes)", "r.set(rk, raw)", True),
+        (f"remote put ({size})", "jitkey RemoteIndex.put", "ri.put(k, v)", False),
+        (f"remote put ({size})", "triton RedisRemoteCacheBackend.put", "tb.put(f, v)", False),
+    ]
+    cases = [
+        Case(g, impl, stmt, env, check_remote, baseline=base, unit="us")
+        for g, impl, stmt, base in rows
+        if s.triton is not None or "triton" not in impl
+    ]
+    cases += [
+        Case("tiered local hit", "jitkey DiskIndex.get", "dx.get(k)", env, check_tier, baseline=True),
+        Case("tiered local hit", "jitkey TieredIndex.get", "tx.get(k)", env, check_tier),
+    ]
+    return cases
+
+
 def launch_section(quick: bool) -> SectionResult:
     """GPU launch overhead: Triton fn[grid] vs the jitkey binding vs CompiledKernel.run vs torch.add."""
     why = gpu_unavailable_reason()
@@ -347,5 +395,6 @@ SECTIONS: dict[str, Callable[[bool], SectionResult]] = {
     "cache": cache_section,
     "lookup": lookup_section,
     "disk": disk_section,
+    "remote": remote_section,
     "launch": launch_section,
 }

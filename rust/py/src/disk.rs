@@ -16,6 +16,8 @@ use pyo3::types::{PyBytes, PyDict, PyType};
 use crate::errors::{DiskIndexWarning, IndexClosedError, KeyLengthError, ValueTooLargeError};
 use crate::keys::with_encoding;
 
+mod tier; // jitkey.TieredIndex's native local-hit path (the Redis tier, python/jitkey/remote.py)
+
 type Digest = [u8; 32];
 
 /// A persistent key → bytes index in one directory, shared by many processes (unix only).
@@ -345,5 +347,6 @@ impl PyDiskIndex {
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyDiskIndex>()
+    m.add_class::<PyDiskIndex>()?;
+    tier::register(m)
 }
