@@ -92,6 +92,7 @@ def test_is_a_jitfunction_with_tritons_meaning():
     assert [p.name for p in jk_caller.params] == ["out", "n"]
     assert helper_noinline.noinline is True and repr(jk_caller) == f"JITFunction({__name__}:jk_caller)"
     assert jk_caller.device_caches is not None and jk_caller.pre_run_hooks == []
+    assert hash(jk_caller) == hash(plain) == hash(plain.cache_key)  # JITCallable's hash: the cache key
 
 
 @pytest.mark.parametrize("caller", [plain_caller, jk_caller, jk_caller_noinline])
@@ -126,6 +127,15 @@ def test_bind_copies_the_kernels_options_source_and_hooks():
     k2._unsafe_update_src(k2.src.replace("pass", "return"))
     b2 = jt.bind(k2)
     assert b2.params[0].do_not_specialize and b2.noinline and b2.src == k2.src
+
+
+def test_copy_like_a_jitfunction():
+    import copy
+
+    c = copy.copy(jk_caller)
+    assert type(c) is jt.TritonKernel and c.fn is jk_caller.fn and c.device_caches is jk_caller.device_caches
+    assert c.fast_path_problem is None and c.key_of((torch.empty(4), 3), {}, device=0)
+    assert c.cache_stats()["hits"] == 0 and c._jk_cache is not jk_caller._jk_cache
 
 
 # --- decoration accepts what Triton accepts ---------------------------------------------------------------

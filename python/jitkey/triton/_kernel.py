@@ -114,6 +114,14 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         k.pre_run_hooks.extend(jit_fn.pre_run_hooks)
         return k
 
+    def __copy__(self) -> TritonKernel:
+        """``copy.copy``: like a ``JITFunction``'s (a shallow copy sharing Triton's state), with its own jitkey
+        launcher, cache and statistics."""
+        k = type(self).__new__(type(self))
+        k.__dict__.update({n: v for n, v in self.__dict__.items() if not n.startswith("_jk_")})
+        k._jk_setup()
+        return k
+
     def _jk_setup(self) -> None:
         self._jk_lock = threading.Lock()
         self._jk_launch: Callable[..., Any] | None = None
