@@ -105,11 +105,14 @@ impl PyDiskIndex {
                 )))
             }
         };
+        // A directory named by the caller (an argument or $JITKEY_CACHE_DIR) may be a sticky shared
+        // one (files there must still be this user's own); a derived default may not.
+        let explicit = path.is_some() || std::env::var_os("JITKEY_CACHE_DIR").is_some_and(|v| !v.is_empty());
         let dir = path.or_else(default_dir).unwrap_or_else(|| {
             access = Access::Memory;
             PathBuf::new()
         });
-        let opts = Options { max_bytes, durability, access, ..Options::default() };
+        let opts = Options { max_bytes, durability, access, trust_sticky_dir: explicit, ..Options::default() };
         let inner = py.detach(|| DiskIndex::open(&dir, opts));
         let this = Self { inner };
         this.flush_warnings(py)?;
@@ -133,14 +136,17 @@ impl PyDiskIndex {
         Ok(self.lookup(py, &k)?.is_some())
     }
 
-    fn put(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &[u8]) -> PyResult<()> {
+    /// `True` when the value is in the file; `False` when the environment kept it in this
+    /// process's memory only (read-only or memory mode, lock timeout, disk full): it is served
+    /// here but would not survive the process.
+    fn put(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &[u8]) -> PyResult<bool> {
         let k = key_digest(key)?;
         let r = py.detach(|| self.inner.put(&k, value));
         self.flush_warnings(py)?;
-        r.map(|_| ()).map_err(index_err)
+        r.map(|o| o.memory_only == 0).map_err(index_err)
     }
 
-    fn put_many(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn put_many(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<bool> {
         let iter = match items.cast::<PyDict>() {
             Ok(d) => d.call_method0("items")?.try_iter()?,
             Err(_) => items.try_iter()?,
@@ -154,7 +160,7 @@ impl PyDiskIndex {
         let batch: Vec<(Digest, &[u8])> = owned.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
         let r = py.detach(|| self.inner.put_many(&batch));
         self.flush_warnings(py)?;
-        r.map(|_| ()).map_err(index_err)
+        r.map(|o| o.memory_only == 0).map_err(index_err)
     }
 
     fn delete(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
@@ -214,6 +220,7 @@ impl PyDiskIndex {
             ("memory_only_puts", s.memory_only_puts),
             ("refreshes", s.refreshes),
             ("reopens", s.reopens),
+            ("shrinks_seen", s.shrinks_seen),
             ("entries", s.entries),
             ("file_bytes", s.file_bytes),
             ("live_bytes", s.live_bytes),
