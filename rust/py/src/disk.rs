@@ -112,7 +112,8 @@ impl PyDiskIndex {
             access = Access::Memory;
             PathBuf::new()
         });
-        let opts = Options { max_bytes, durability, access, trust_sticky_dir: explicit, ..Options::default() };
+        let opts =
+            Options { max_bytes, durability, access, trust_sticky_dir: explicit, ..Options::default() };
         let inner = py.detach(|| DiskIndex::open(&dir, opts));
         let this = Self { inner };
         this.flush_warnings(py)?;
