@@ -99,6 +99,9 @@ impl WalkError {
             WalkErrorKind::Key(e) => {
                 UnsupportedKeyError::new_err(format!("cannot key the value at {at}: {e}"))
             }
+            // KeyboardInterrupt, SystemExit, GeneratorExit (raised inside __jitkey__ or a
+            // __str__): not a key problem; they pass through unchanged.
+            WalkErrorKind::Py(err) if !err.is_instance_of::<pyo3::exceptions::PyException>(py) => err,
             WalkErrorKind::Py(err) => {
                 let wrapped = UnsupportedKeyError::new_err(format!(
                     "computing the key at {at} raised {}",
