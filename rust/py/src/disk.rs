@@ -5,6 +5,7 @@
 
 use std::ffi::CString;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
 
 use jitkey_core::disk::{
     default_dir, Access, DiskIndex, Durability, Fault, IndexError, Options, Probe, MAX_VALUE,
@@ -20,7 +21,23 @@ type Digest = [u8; 32];
 
 #[pyclass(name = "DiskIndex", module = "jitkey._core", frozen)]
 pub(crate) struct PyDiskIndex {
-    inner: DiskIndex,
+    inner: Arc<DiskIndex>,
+}
+
+/// Every live index, for the fork hook. Touched only attached to the interpreter (creation and
+/// the hook), so no thread holds it across a fork in a GIL build.
+static LIVE: Mutex<Vec<Weak<DiskIndex>>> = Mutex::new(Vec::new());
+
+/// `os.register_at_fork(after_in_child=...)`: frees the child from locks other threads of the
+/// parent held at the fork (an in-flight put, a refresh), see `DiskIndex::after_fork_in_child`.
+#[pyfunction]
+fn _after_fork_in_child() {
+    let Ok(mut live) = LIVE.try_lock() else { return };
+    live.retain(|w| w.strong_count() > 0);
+    for idx in live.iter().filter_map(Weak::upgrade) {
+        // SAFETY: called by os.fork in the child, single-threaded, outside every index method.
+        unsafe { idx.after_fork_in_child() };
+    }
 }
 
 /// A 32-byte `bytes` is taken as a digest; any other keyable value is digested.
@@ -114,7 +131,12 @@ impl PyDiskIndex {
         });
         let opts =
             Options { max_bytes, durability, access, trust_sticky_dir: explicit, ..Options::default() };
-        let inner = py.detach(|| DiskIndex::open(&dir, opts));
+        let inner = Arc::new(py.detach(|| DiskIndex::open(&dir, opts)));
+        {
+            let mut live = LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            live.retain(|w| w.strong_count() > 0);
+            live.push(Arc::downgrade(&inner));
+        }
         let this = Self { inner };
         this.flush_warnings(py)?;
         Ok(this)
@@ -292,5 +314,12 @@ impl PyDiskIndex {
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyDiskIndex>()
+    m.add_class::<PyDiskIndex>()?;
+    let hook = wrap_pyfunction!(_after_fork_in_child, m)?;
+    m.add_function(hook.clone())?;
+    let py = m.py();
+    let kw = PyDict::new(py);
+    kw.set_item("after_in_child", hook)?;
+    py.import("os")?.call_method("register_at_fork", (), Some(&kw))?;
+    Ok(())
 }

@@ -709,6 +709,45 @@ struct Writer {
     fault: Option<(Fault, u32)>,
 }
 
+impl Writer {
+    fn new() -> Self {
+        Self { pid: std::process::id(), lock: None, wfile: None, disabled_until: None, swept: false, fault: None }
+    }
+}
+
+/// A lock that can be replaced in a forked child. After `fork()` only the forking thread exists:
+/// a lock another thread held at that moment stays held forever in the child. The child-side
+/// fork hook ([`DiskIndex::after_fork_in_child`]) replaces such a lock (and the state it
+/// guarded, which may be half-updated) with a fresh one; the old one is leaked, never dropped.
+struct ForkReset<T>(std::cell::UnsafeCell<T>);
+
+// SAFETY: shared access goes through `T` (a Sync lock); `reset` is only called in a forked child
+// while it is single-threaded, with no borrow of the old value alive.
+unsafe impl<T: Sync> Sync for ForkReset<T> {}
+unsafe impl<T: Send> Send for ForkReset<T> {}
+
+impl<T> ForkReset<T> {
+    fn new(v: T) -> Self {
+        Self(std::cell::UnsafeCell::new(v))
+    }
+
+    /// # Safety
+    /// Only in a forked child before it starts other threads, with no reference to the old value
+    /// alive (the fork hook runs from the interpreter, outside every `DiskIndex` method).
+    unsafe fn reset(&self, v: T) {
+        // SAFETY: per the contract; the old value is overwritten without being dropped.
+        unsafe { std::ptr::write(self.0.get(), v) }
+    }
+}
+
+impl<T> std::ops::Deref for ForkReset<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: only `reset` writes, under the contract above.
+        unsafe { &*self.0.get() }
+    }
+}
+
 enum WriteFail {
     Timeout,
     Io(io::Error),
@@ -733,16 +772,16 @@ pub struct DiskIndex {
     path: PathBuf,
     lock_path: PathBuf,
     opts: Options,
-    view: RwLock<Option<View>>,
-    writer: Mutex<Writer>,
-    overlay: RwLock<Overlay>,
+    view: ForkReset<RwLock<Option<View>>>,
+    writer: ForkReset<Mutex<Writer>>,
+    overlay: ForkReset<RwLock<Overlay>>,
     overlay_used: AtomicBool,
     overlay_bytes: AtomicU64,
-    mode: RwLock<(Mode, String)>,
+    mode: ForkReset<RwLock<(Mode, String)>>,
     counters: Counters,
     warned: AtomicU8,
     pending: AtomicBool,
-    warnings: Mutex<Vec<String>>,
+    warnings: ForkReset<Mutex<Vec<String>>>,
     closed: AtomicBool,
     base: Instant,
     last_check_ns: AtomicU64,
@@ -756,23 +795,16 @@ impl DiskIndex {
             path: dir.join(log_name()),
             lock_path: dir.join(LOCK_NAME),
             opts,
-            view: RwLock::new(None),
-            writer: Mutex::new(Writer {
-                pid: std::process::id(),
-                lock: None,
-                wfile: None,
-                disabled_until: None,
-                swept: false,
-                fault: None,
-            }),
-            overlay: RwLock::new(Overlay::default()),
+            view: ForkReset::new(RwLock::new(None)),
+            writer: ForkReset::new(Mutex::new(Writer::new())),
+            overlay: ForkReset::new(RwLock::new(Overlay::default())),
             overlay_used: AtomicBool::new(false),
             overlay_bytes: AtomicU64::new(0),
-            mode: RwLock::new((Mode::Memory, String::new())),
+            mode: ForkReset::new(RwLock::new((Mode::Memory, String::new()))),
             counters: Counters::default(),
             warned: AtomicU8::new(0),
             pending: AtomicBool::new(false),
-            warnings: Mutex::new(Vec::new()),
+            warnings: ForkReset::new(Mutex::new(Vec::new())),
             closed: AtomicBool::new(false),
             base: Instant::now(),
             last_check_ns: AtomicU64::new(0),
@@ -1754,6 +1786,39 @@ impl DiskIndex {
 
     pub fn is_closed(&self) -> bool {
         self.closed.load(Relaxed)
+    }
+
+    /// Call in a forked child, before it starts threads (jitkey's binding registers it with
+    /// `os.register_at_fork`). Locks that another thread of the parent held at the fork are
+    /// replaced (their state dropped: the view is reloaded from the file, a memory-only overlay
+    /// that was mid-update is forgotten); the file lock and write fd are the child's own from its
+    /// next write on. Without this, the child waited forever on its first write or get.
+    ///
+    /// # Safety
+    /// Only in the child right after `fork()`, while it is single-threaded, and not from inside
+    /// any method of this index.
+    pub unsafe fn after_fork_in_child(&self) {
+        use std::sync::TryLockError::WouldBlock;
+        // SAFETY (all resets): single-threaded child, no borrow alive (the caller's contract).
+        if matches!(self.writer.try_lock(), Err(WouldBlock)) {
+            unsafe { self.writer.reset(Mutex::new(Writer::new())) };
+        }
+        if matches!(self.overlay.try_write(), Err(WouldBlock)) {
+            unsafe { self.overlay.reset(RwLock::new(Overlay::default())) };
+            self.overlay_bytes.store(0, Relaxed);
+        }
+        if matches!(self.mode.try_write(), Err(WouldBlock)) {
+            unsafe { self.mode.reset(RwLock::new((Mode::ReadOnly, "reset after fork".to_owned()))) };
+        }
+        if matches!(self.warnings.try_lock(), Err(WouldBlock)) {
+            unsafe { self.warnings.reset(Mutex::new(Vec::new())) };
+        }
+        if matches!(self.view.try_write(), Err(WouldBlock)) {
+            unsafe { self.view.reset(RwLock::new(None)) };
+            if !self.closed.load(Relaxed) && !self.reopen_view() {
+                self.set_mode(Mode::Memory, "the index could not be reloaded after fork".to_owned());
+            }
+        }
     }
 }
 
