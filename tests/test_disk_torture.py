@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import random
+import shutil
 import signal
 import struct
 import time
@@ -23,6 +24,8 @@ import jitkey
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork: unix only")
 
+# Large enough that nothing is evicted: a missing key is then a lost write, not a policy.
+MAX_BYTES = 1 << 30
 REC = struct.Struct("<cII")  # kind, first key, count: one atomic pipe write each
 
 
@@ -35,7 +38,7 @@ def writer(directory: str, log: str, wid: int, start: int, seed: int, fault: str
     `log`, a file: records written before a SIGKILL survive it)."""
     warnings.simplefilter("ignore")
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    ix = jitkey.DiskIndex(directory)
+    ix = jitkey.DiskIndex(directory, max_bytes=MAX_BYTES)
     if fault is not None:
         ix._arm_fault(fault, random.Random(seed).randrange(5, 60))
     rng = random.Random(seed)
@@ -62,7 +65,7 @@ def writer(directory: str, log: str, wid: int, start: int, seed: int, fault: str
 
 def reader(directory: str, wid_count: int, seed: int) -> None:
     warnings.simplefilter("ignore")
-    ix = jitkey.DiskIndex(directory)
+    ix = jitkey.DiskIndex(directory, max_bytes=MAX_BYTES)
     rng = random.Random(seed)
     while True:
         wid = rng.randrange(wid_count)
@@ -82,7 +85,7 @@ def torture(tmp_path: Path, *, kills: int, writers: int = 5, readers: int = 2) -
     d = tmp_path / "ix"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        jitkey.DiskIndex(d).put("init", b"1")
+        jitkey.DiskIndex(d, max_bytes=MAX_BYTES).put("init", b"1")
     ctx = mp.get_context("fork")
     rng = random.Random(1234)
     # Per writer: key -> "present" / "absent" / "unknown" (in flight at a kill) / "memory".
@@ -155,7 +158,7 @@ def torture(tmp_path: Path, *, kills: int, writers: int = 5, readers: int = 2) -
         p.join(60)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        check = jitkey.DiskIndex(d)
+        check = jitkey.DiskIndex(d, max_bytes=MAX_BYTES)
     lost = wrong = resurrected = acked = 0
     for w in range(writers):
         for j, st in state[w].items():
@@ -178,6 +181,7 @@ def torture(tmp_path: Path, *, kills: int, writers: int = 5, readers: int = 2) -
         "resurrected": resurrected,
         "memory_only_puts": memory_only,
         "keys_written": sum(next_start[w] - starts[w] for w in range(writers)),
+        "file_mb": check.stats()["file_bytes"] >> 20,
     }
     print("torture", fig)
     return fig
@@ -194,3 +198,4 @@ def test_crash_torture_long(tmp_path: Path) -> None:
     for rnd in range(8):
         fig = torture(tmp_path / f"r{rnd}", kills=60)
         assert fig["lost"] == fig["wrong"] == fig["resurrected"] == 0, (rnd, fig)
+        shutil.rmtree(tmp_path / f"r{rnd}")
