@@ -246,12 +246,12 @@ class DiskIndex:
     def default_directory(cls) -> pathlib.Path | None:
         """The directory used when ``path`` is ``None`` (from the environment)."""
 
-@final
 def _after_fork_in_child() -> None:
     """Registered with ``os.register_at_fork(after_in_child=...)`` at import: frees a forked child
     from the locks of every live :class:`DiskIndex` that another thread of the parent held at the
     fork (an in-flight put or refresh). Not for direct use."""
 
+@final
 class _Miss:
     """The type of :data:`MISS` (falsy; ``repr`` is ``jitkey.MISS``)."""
 

@@ -444,7 +444,9 @@ impl Fail {
     #[cold]
     fn into_pyerr(self, py: Python<'_>, param: &str) -> PyErr {
         // KeyboardInterrupt / SystemExit raised while reading an argument pass through unchanged.
-        if let Some(c) = self.cause.as_ref().filter(|c| !c.is_instance_of::<pyo3::exceptions::PyException>(py)) {
+        if let Some(c) =
+            self.cause.as_ref().filter(|c| !c.is_instance_of::<pyo3::exceptions::PyException>(py))
+        {
             return c.clone_ref(py);
         }
         let mut at = format!("'{param}'");

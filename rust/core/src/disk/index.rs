@@ -711,7 +711,14 @@ struct Writer {
 
 impl Writer {
     fn new() -> Self {
-        Self { pid: std::process::id(), lock: None, wfile: None, disabled_until: None, swept: false, fault: None }
+        Self {
+            pid: std::process::id(),
+            lock: None,
+            wfile: None,
+            disabled_until: None,
+            swept: false,
+            fault: None,
+        }
     }
 }
 
