@@ -1941,6 +1941,56 @@ mod tests {
     }
 
     #[test]
+    fn shrink_under_mapping_is_a_miss_and_the_next_put_rewrites() {
+        let d = tmpdir("shrink");
+        let idx = DiskIndex::open(&d, Options::default());
+        for i in 0..300 {
+            idx.put(&k(i), &[7u8; 200]).unwrap();
+        }
+        assert_eq!(idx.get(&k(299)).unwrap().as_deref(), Some(&[7u8; 200][..]));
+        OpenOptions::new().write(true).open(idx.path()).unwrap().set_len(0).unwrap();
+        // The mapped pages are gone: a miss, not a SIGBUS.
+        assert_eq!(idx.get(&k(299)).unwrap(), None);
+        assert_eq!(idx.put(&k(1000), b"x").unwrap().memory_only, 0);
+        assert!(idx.stats().shrinks_seen >= 1);
+        let fresh = DiskIndex::open(&d, Options::default());
+        assert_eq!(fresh.mode().0, Mode::ReadWrite);
+        assert_eq!(fresh.get(&k(1000)).unwrap().as_deref(), Some(&b"x"[..]));
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn close_racing_writes_never_panics() {
+        let d = tmpdir("closerace");
+        for round in 0..20u32 {
+            let idx = Arc::new(DiskIndex::open(&d, Options { max_bytes: 1 << 16, ..Options::default() }));
+            let workers: Vec<_> = (0..2u32)
+                .map(|t| {
+                    let idx = Arc::clone(&idx);
+                    std::thread::spawn(move || {
+                        for i in 0..2000u32 {
+                            let r = if i % 3 == 0 {
+                                idx.compact().map(|_| ())
+                            } else {
+                                idx.put(&k(round * 100_000 + t * 10_000 + i), &[1u8; 3000]).map(|_| ())
+                            };
+                            if r == Err(IndexError::Closed) {
+                                return;
+                            }
+                        }
+                    })
+                })
+                .collect();
+            std::thread::sleep(Duration::from_millis(2));
+            idx.close();
+            for w in workers {
+                w.join().expect("no panic in a worker");
+            }
+        }
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
     fn memory_mode_is_bounded() {
         let opts = Options { access: Access::Memory, max_bytes: 1 << 16, ..Options::default() };
         let idx = DiskIndex::open(Path::new("/nonexistent"), opts);
