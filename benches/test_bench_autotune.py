@@ -31,7 +31,7 @@ class _NoopKernel:
     """What Triton's Autotuner wraps: records the config kwargs of the last launch, launches nothing."""
 
     arg_names = list(w.scale_add.arg_names)
-    fn = staticmethod(w.scale_add.fn.fn)  # Autotuner looks for the Python function under .fn
+    fn = staticmethod(w.scale_add.fn)  # Autotuner looks for the Python function under .fn
 
     def __init__(self) -> None:
         self.last: dict[str, Any] = {}

@@ -19,6 +19,7 @@ from triton.compiler import make_backend  # noqa: E402
 from triton.runtime.jit import compute_cache_key, create_function_from_signature  # noqa: E402
 
 import jitkey.triton as jt  # noqa: E402
+from jitkey.triton import _installed  # noqa: E402
 
 
 @triton.jit
@@ -45,9 +46,6 @@ CASES = {
     "13 args": (bench13_kernel, (_X, _X, _X, _X, 4096, 3, 16, 7, 0.5, 1.5, -2.0, 0.25, 1024)),
     "18 args": (bench18_kernel, (*(_X,) * 16, 4096, 1024)),
 }
-KEYERS = {"python": jt.python_keyer}
-if jt.native_available():
-    KEYERS["native"] = jt.native_keyer
 
 
 class _Runtime:
@@ -92,28 +90,30 @@ def test_triton_binder_and_key(benchmark, case):
     benchmark(triton_key)
 
 
-@pytest.mark.parametrize("keyer", list(KEYERS))
 @pytest.mark.parametrize("case", list(CASES))
-def test_keyer_lookup(benchmark, case, keyer):
+def test_jitkey_key(benchmark, case):
+    """The native key of a call (what a hit computes before its cache probe), through ``key_of``."""
     benchmark.group = case
     fn, args = CASES[case]
-    kernel = jt.bind(fn, keyer=KEYERS[keyer])
-    full = ((0, (None, False, ""), ()), *args)
-    entry = object()
-    kernel.keyer.insert(full, entry)
-    assert kernel.keyer.lookup(full) is entry
-    benchmark(kernel.keyer.lookup, full)
+    kernel = jt.bind(fn)
+    key = kernel.key_of(args, {}, device=0)
+    assert key == kernel.key_of(args, {}, device=0)
+    benchmark(kernel.key_of, args, {}, device=0)
 
 
-@pytest.mark.parametrize("keyer", list(KEYERS))
 @pytest.mark.parametrize("case", list(CASES))
-def test_jitkey_hit_path(benchmark, monkeypatch, case, keyer):
+def test_jitkey_hit_path(benchmark, monkeypatch, case):
     benchmark.group = case
     fn, args = CASES[case]
-    monkeypatch.setattr(jt, "_runtime", _Runtime())
+    monkeypatch.setattr(_installed, "runtime", _Runtime())
     ck = _NoopCK()
-    monkeypatch.setattr(fn, "run", lambda *a, grid, warmup, **kw: ck, raising=False)
-    kernel = jt.bind(fn, keyer=KEYERS[keyer])
+    kernel = jt.bind(fn)
+
+    def triton_run(*a, grid, warmup, **kw):  # Triton's path: keeps the kernel where Triton would
+        dict.setdefault(kernel.device_caches, 0, ({}, {}, None, None, None))[0]["key"] = ck
+        return ck
+
+    kernel._jk_triton_run = triton_run
     assert kernel[(1,)](*args) is ck and ck.launches == 0  # the miss went to "Triton"
     assert kernel[(1,)](*args) is ck and ck.launches == 1  # the hit launched directly
     benchmark(lambda: kernel[(1,)](*args))

@@ -42,8 +42,8 @@ print("python", sys.version.split()[0], "| torch", torch.__version__, "| triton"
 print("cuda available:", torch.cuda.is_available(), "| devices:", torch.cuda.device_count())
 missing = [m for m in ("pytest", "hypothesis", "pytest_benchmark") if importlib.util.find_spec(m) is None]
 print("missing python packages:", missing or "none")
-from jitkey.triton import _triton_info
-print("jitkey.triton fast path on this triton:", _triton_info().problem or "available")
+import jitkey.triton
+print("jitkey.triton fast paths on this triton:", jitkey.triton.fast_paths())
 PYEOF
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   log "FAILED: torch sees no CUDA GPU here (every GPU test would only be skipped)"; status=1

@@ -278,7 +278,7 @@ def test_autotune_listener_is_called_like_triton(tmp_path: Path) -> None:
     assert gpu2.bench_calls == 0 and len(events) == 2
     tuned, hit = events
     mkey = at._key(at._get_device(), w.args_for(1000), {})
-    assert tuned["fn"] is w.scale_add.fn and hit["fn"] is w.scale_add.fn
+    assert tuned["fn"] is w.scale_add and hit["fn"] is w.scale_add
     assert tuned["key"] == mkey and hit["key"] == mkey
     assert tuned["best_config"] is w.CONFIGS[1] and hit["best_config"] is w.CONFIGS[1]
     assert tuned["cache_hit"] is False and hit["cache_hit"] is True
@@ -314,7 +314,7 @@ def test_rejects_configs_and_kernels(index: jitkey.DiskIndex) -> None:
         jt.autotune(w.CONFIGS, key=["m"], index=index)(w.scale_add)
     with pytest.raises(TypeError, match="single str"):
         jt.autotune(w.CONFIGS, key="n", index=index)(w.scale_add)
-    inner = triton.autotune(w.CONFIGS, key=["n"])(w.scale_add.fn)
+    inner = triton.autotune(w.CONFIGS, key=["n"])(triton.jit(w.scale_add.fn))
     with pytest.raises(TypeError, match="another autotuner"):
         w.make(index, gpu, kernel=inner)
     with pytest.raises(TypeError, match=r"wraps a triton\.jit"):
@@ -323,7 +323,7 @@ def test_rejects_configs_and_kernels(index: jitkey.DiskIndex) -> None:
 
 def test_plain_jitfunction_and_heuristics(index: jitkey.DiskIndex) -> None:
     gpu = w.SimulatedGPU()
-    at = w.make(index, gpu, kernel=w.scale_add.fn)  # a plain triton JITFunction is bound
+    at = w.make(index, gpu, kernel=triton.jit(w.scale_add.fn))  # a plain triton JITFunction is bound
     assert isinstance(at.fn, jt.TritonKernel) and at[(1,)](*w.args_for(1000)) == 256
     # same kernel content: the bound jitkey kernel shares its disk entry
     at2, gpu2, _ = _tune(index)

@@ -22,6 +22,7 @@ from triton.runtime.jit import compute_cache_key, create_function_from_signature
 import jitkey  # noqa: E402
 import jitkey.triton as jt  # noqa: E402
 from jitkey.errors import GlobalsChangedError, JitKeyError  # noqa: E402
+from jitkey.triton import _installed  # noqa: E402
 
 SCALE = 2  # read by k_global
 
@@ -47,12 +48,6 @@ def k_global(a, n, BLOCK: tl.constexpr):
 
 
 KERNELS = {"full": k_full, "dns": k_dns, "ann": k_ann}
-
-# Every keyer this build has: the differential tests run against each.
-KEYERS = {"python": jt.python_keyer}
-if jt.native_available():
-    KEYERS["native"] = jt.native_keyer
-    KEYERS["auto"] = jt.auto_keyer
 
 # One CUDA backend object, built from a GPUTarget without a driver: Triton's binder uses it only to call
 # native_specialize_impl (alignment / int rules).
@@ -186,7 +181,6 @@ def _keyable(kernel, name, calls):
     return ok
 
 
-@pytest.mark.parametrize("keyer", list(KEYERS))
 @pytest.mark.parametrize("name", list(KERNELS))
 @settings(
     max_examples=40,
@@ -195,17 +189,16 @@ def _keyable(kernel, name, calls):
     phases=[Phase.explicit, Phase.reuse, Phase.generate],  # no shrinking: a failure prints its raw example
 )
 @given(data=st.data())
-def test_key_finer_than_triton_binder(keyer, name, data):
-    kernel = jt.bind(KERNELS[name], keyer=KEYERS[keyer])
+def test_key_finer_than_triton_binder(name, data):
+    kernel = jt.bind(KERNELS[name])
     calls = _keyable(kernel, name, data.draw(_calls(name)))
     assert_finer(kernel, name, calls)
 
 
-@pytest.mark.parametrize("keyer", list(KEYERS))
 @pytest.mark.parametrize("name", list(KERNELS))
-def test_key_finer_exhaustive_pairs(keyer, name):
+def test_key_finer_exhaustive_pairs(name):
     """Every pair of a fixed grid of values in the first two non-constexpr slots (no sampling luck)."""
-    kernel = jt.bind(KERNELS[name], keyer=KEYERS[keyer])
+    kernel = jt.bind(KERNELS[name])
     values = [_BASES[torch.float32][o:] for o in (0, 1, 4)] + [_BASES[torch.float16][o:] for o in (0, 8)]
     values += [*_INTS, True, False, 1.0, None, (1, 16), (16, 1), (17, 1)]
     # tuple members are specialized fully by Triton, whatever the parameter's do_not_specialize flags
@@ -216,68 +209,60 @@ def test_key_finer_exhaustive_pairs(keyer, name):
         for b in values:
             calls.append(((a, b, *fill), {}))
     calls = _keyable(kernel, name, calls)
-    seen = assert_finer(kernel, name, calls)
-    if keyer == "python" and name != "ann":
-        # and no finer than needed: the Python keyer splits this grid exactly where Triton does (an
-        # annotated slot is finer on purpose: Triton's key there drops the argument's own type)
-        assert len(seen) == len({tk for tk, _ in seen.values()})
+    assert_finer(kernel, name, calls)
 
 
 def test_checker_catches_a_coarse_keyer():
-    """The differential check can fail: a keyer that forgets the alignment bit is caught."""
+    """The differential check can fail: a key that forgets the alignment bit is caught."""
+    kernel = jt.bind(k_full)
 
-    class Coarse(jt.PythonKeyer):
-        def key(self, args):
-            key = list(self.build(args))
-            key[2] = None  # (ctx, k0, a0, ...): drop the first parameter's alignment bit
-            return jitkey.encode(tuple(key))
+    class Coarse:
+        def key_of(self, args, kwargs, device):
+            # the real key of the call with the first parameter's alignment forgotten
+            return kernel.key_of((_BASES[torch.float32], *args[1:]), kwargs, device=device)
 
-    kernel = jt.bind(k_full, keyer=lambda fn, modes: Coarse(modes))
     base = _BASES[torch.float32]
     calls = [((base, base, 0, 0, 1.0, True, 64), {}), ((base[1:], base, 0, 0, 1.0, True, 64), {})]
+    assert_finer(kernel, "full", calls)
     with pytest.raises(AssertionError, match="collides"):
-        assert_finer(kernel, "full", calls)
+        assert_finer(Coarse(), "full", calls)
 
 
-@pytest.mark.parametrize("keyer", list(KEYERS))
-def test_int_buckets_match_triton(keyer):
-    kernel = jt.bind(k_full, keyer=KEYERS[keyer])
+def test_int_buckets_match_triton():
+    kernel = jt.bind(k_full)
     base = _BASES[torch.float32]
     for group in ([1], [16, 32, 0], [17, 15, 2], [2**31, 2**31 + 16], [True, False]):
         keys = {_jitkey_key(kernel, (base, base, v, 0, 1.0, True, 64), {}) for v in group}
         tkeys = {_triton_key("full", (base, base, v, 0, 1.0, True, 64), {}) for v in group}
         assert len(tkeys) == 1, group
         # ints are keyed exactly by Triton's buckets; a keyer may key bools by value (finer, one more miss)
-        assert len(keys) == 1 or (keyer != "python" and group == [True, False]), group
+        assert len(keys) == 1 or group == [True, False], group
     distinct = {_jitkey_key(kernel, (base, base, v, 0, 1.0, True, 64), {}) for v in (1, 16, 17, 2**31, True)}
     assert len(distinct) == 5
 
 
-@pytest.mark.parametrize("keyer", list(KEYERS))
-def test_misaligned_view_differs(keyer):
-    kernel = jt.bind(k_full, keyer=KEYERS[keyer])
+def test_misaligned_view_differs():
+    kernel = jt.bind(k_full)
     x = torch.empty(64)
     assert x.data_ptr() % 16 == 0
     args = (x, x, 0, 0, 1.0, True, 64)
     assert _jitkey_key(kernel, args, {}) != _jitkey_key(kernel, (x[1:], *args[1:]), {})
     # but not for a parameter Triton does not specialize on alignment
-    kd = jt.bind(k_dns, keyer=KEYERS[keyer])
+    kd = jt.bind(k_dns)
     assert _jitkey_key(kd, (x, x, 0, 0, 64), {}) == _jitkey_key(kd, (x, x[1:], 0, 0, 64), {})
     assert _jitkey_key(kd, (x, x, 0, 0, 64), {}) != _jitkey_key(kd, (x[1:], x, 0, 0, 64), {})
 
 
-@pytest.mark.parametrize("keyer", list(KEYERS))
-def test_bool_int_float_constexpr_do_not_alias(keyer):
-    kernel = jt.bind(k_full, keyer=KEYERS[keyer])
+def test_bool_int_float_constexpr_do_not_alias():
+    kernel = jt.bind(k_full)
     x = torch.empty(64)
-    values = (1, True, 1.0, "1") + ((tl.constexpr(1),) if keyer == "python" else ())  # native: falls back
+    values = (1, True, 1.0, "1", tl.constexpr(1), tl.constexpr(True), tl.float16, torch.float16)
     keys = {_jitkey_key(kernel, (x, x, 0, 0, 1.0, True, v), {}) for v in values}
     assert len(keys) == len(values)
 
 
-@pytest.mark.parametrize("keyer", list(KEYERS))
-def test_constexpr_default_is_in_the_key(keyer):
-    kernel = jt.bind(k_full, keyer=KEYERS[keyer])
+def test_constexpr_default_is_in_the_key():
+    kernel = jt.bind(k_full)
     x = torch.empty(64)
     base = (x, x, 0, 0, 1.0, True, 64)
     assert _jitkey_key(kernel, base, {}) == _jitkey_key(kernel, base, {"OPT": 7})
@@ -285,27 +270,24 @@ def test_constexpr_default_is_in_the_key(keyer):
     assert _jitkey_key(kernel, base, {}) != _jitkey_key(kernel, base, {"OPT": 8})
 
 
-@pytest.mark.parametrize("keyer", list(KEYERS))
-def test_kwargs_bind_like_positional(keyer):
-    kernel = jt.bind(k_full, keyer=KEYERS[keyer])
+def test_kwargs_bind_like_positional():
+    kernel = jt.bind(k_full)
     x = torch.empty(64)
     pos = _jitkey_key(kernel, (x, x, 16, 3, 1.0, False, 64), {})
     kw = _jitkey_key(kernel, (x,), {"b": x, "n": 16, "m": 3, "f": 1.0, "flag": False, "BLOCK": 64})
     assert pos == kw
 
 
-@pytest.mark.parametrize("keyer", list(KEYERS))
-def test_device_index_in_key(keyer):
-    kernel = jt.bind(k_full, keyer=KEYERS[keyer])
+def test_device_index_in_key():
+    kernel = jt.bind(k_full)
     x = torch.empty(64)
     args = (x, x, 0, 0, 1.0, True, 64)
     assert _jitkey_key(kernel, args, {}, device=0) != _jitkey_key(kernel, args, {}, device=1)
     assert _jitkey_key(kernel, args, {}, device=1) == _jitkey_key(kernel, args, {}, device=1)
 
 
-@pytest.mark.parametrize("keyer", list(KEYERS))
-def test_launch_options_sorted_and_in_key(keyer):
-    kernel = jt.bind(k_full, keyer=KEYERS[keyer])
+def test_launch_options_sorted_and_in_key():
+    kernel = jt.bind(k_full)
     x = torch.empty(64)
     args = (x, x, 0, 0, 1.0, True, 64)
     a = _jitkey_key(kernel, args, {"num_warps": 4, "num_stages": 2})
@@ -315,9 +297,8 @@ def test_launch_options_sorted_and_in_key(keyer):
     assert a != _jitkey_key(kernel, args, {})
 
 
-@pytest.mark.parametrize("keyer", list(KEYERS))
-def test_knob_changes_change_the_key(keyer):
-    kernel = jt.bind(k_full, keyer=KEYERS[keyer])
+def test_knob_changes_change_the_key():
+    kernel = jt.bind(k_full)
     x = torch.empty(64)
     args = (x, x, 0, 0, 1.0, True, 64)
     k0 = _jitkey_key(kernel, args, {})
@@ -333,24 +314,23 @@ def test_knob_changes_change_the_key(keyer):
         assert _jitkey_key(kernel, args, {}) != k0
     finally:
         knobs.compilation.instrumentation_mode = old_mode
-    old_dbg = k_full.debug
+    old_dbg = kernel.debug
     try:
-        k_full.debug = True
+        kernel.debug = True
         assert _jitkey_key(kernel, args, {}) != k0
     finally:
-        k_full.debug = old_dbg
+        kernel.debug = old_dbg
     assert _jitkey_key(kernel, args, {}) == k0
 
 
-@pytest.mark.parametrize("keyer", list(KEYERS))
-def test_every_detected_knob_read_is_in_the_key(keyer):
+def test_every_detected_knob_read_is_in_the_key():
     """Each ``kwargs[...] = knobs.<section>.<attr>`` the installed JITFunction.run makes (3.9 adds
     fpsan_homomorphic_casts) changes the key when its value changes."""
-    kernel = jt.bind(k_full, keyer=KEYERS[keyer])
+    kernel = jt.bind(k_full)
     x = torch.empty(64)
     args = (x, x, 0, 0, 1.0, True, 64)
     k0 = _jitkey_key(kernel, args, {})
-    reads = jt._triton_info().knob_reads
+    reads = jt.triton_info().knob_reads
     assert reads
     for _name, section, attr in reads:
         sec = getattr(knobs, section)
@@ -366,10 +346,10 @@ def test_every_detected_knob_read_is_in_the_key(keyer):
 
 def test_stages_inspection_hook_falls_back(fake_runtime, fake_triton):
     """Triton >= 3.7 adds a custom-pipeline hash to its key when this hook is set: jitkey steps aside."""
-    if not jt._triton_info().checks_stages_hook:
+    if not jt.triton_info().checks_stages_hook:
         pytest.skip("this Triton has no add_stages_inspection_hook")
-    state = fake_triton(k_full, "full")
     kernel = jt.bind(k_full)
+    state = fake_triton(kernel)
     x = torch.empty(64)
     args = (x, x, 16, 5, 1.0, True, 64)
     kernel[(1,)](*args)
@@ -397,7 +377,7 @@ def test_unsupported_args_are_unkeyable():
 
 
 def test_triton_internals_detected():
-    info = jt._triton_info()
+    info = jt.triton_info()
     assert info.problem is None, info.problem
     assert ("instrumentation_mode", "compilation", "instrumentation_mode") in info.knob_reads
     # Independently of the scanner: every knob JITFunction.run assigns into the launch kwargs (3.9 adds
@@ -408,7 +388,7 @@ def test_triton_internals_detected():
 
 
 def test_unknown_triton_rule_disables_fast_path():
-    info = jt._TritonInfo.__new__(jt._TritonInfo)
+    info = _installed.TritonInfo.__new__(_installed.TritonInfo)
     info.version, info.knob_reads = "x", []
     src = 'kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug\nkwargs["new"] = f(x)\n'
     assert "unknown rule" in info._scan_run(src)
@@ -439,19 +419,15 @@ def _heuristic():
 
 
 @pytest.mark.parametrize("make", [_autotuned, _heuristic])
-def test_wrappers_fall_back_with_reason(make, fake_runtime):
-    wrapped = make()
-    kernel = jt.bind(wrapped)
-    assert kernel.keyer is None and "not a plain triton JITFunction" in kernel.fast_path_problem
-    calls = []
-    wrapped.run = lambda *a, **k: calls.append((a, k)) or "ran"  # stand-in for Triton's own path
-    assert kernel[(1,)](torch.empty(4), 16) == "ran"
-    assert calls and calls[0][1]["grid"] == (1,) and calls[0][1]["warmup"] is False
-    stats = kernel.cache_stats()
-    assert stats["fallbacks"] == 1 and list(stats["fallback_reasons"]) == [kernel.fast_path_problem]
+def test_bind_refuses_wrappers_with_a_hint(make):
+    with pytest.raises(TypeError, match=r"put @jitkey\.triton\.jit under"):
+        jt.bind(make())
+    for bad in (lambda: 0, object(), None):
+        with pytest.raises(TypeError, match=r"takes a triton\.jit kernel"):
+            jt.bind(bad)
 
 
-def _kw_only(a, n, *, BLOCK: tl.constexpr):
+def _kw_only(a, n, *, BLOCK: tl.constexpr, W: tl.constexpr = 2):
     pass
 
 
@@ -459,24 +435,28 @@ def _var_positional(a, *rest):
     pass
 
 
-@pytest.mark.parametrize("py_fn", [_kw_only, _var_positional])
-def test_non_positional_params_fall_back_with_reason(py_fn, fake_runtime):
-    """Triton binds keyword-only parameters (3.6, 3.9) and ``*args`` (3.9: a tuple parameter). The launcher
-    jitkey generates is positional-or-keyword only, so such kernels take Triton's own path, counted."""
-    jit_fn = triton.jit(py_fn)
-    kernel = jt.bind(jit_fn)
-    assert kernel.keyer is None and "is not positional-or-keyword" in kernel.fast_path_problem
-    args, kwargs = (
-        ((torch.empty(4), 16), {"BLOCK": 4}) if py_fn is _kw_only else ((torch.empty(4), 16, 3), {})
-    )
+def test_keyword_only_params_have_the_fast_path():
+    kernel = jt.jit(_kw_only)
+    x = torch.empty(4)
+    assert kernel.fast_path_problem is None
+    k = kernel.key_of((x, 16), {"BLOCK": 4}, device=0)
+    assert k == kernel.key_of((x,), {"n": 16, "BLOCK": 4, "W": 2}, device=0)
+    assert k != kernel.key_of((x, 16), {"BLOCK": 8}, device=0)
+    with pytest.raises(jitkey.errors.ArgumentError, match="positional"):
+        kernel.key_of((x, 16, 4), {}, device=0)  # BLOCK is keyword-only
+
+
+def test_var_positional_params_fall_back_with_reason(fake_runtime):
+    """Triton 3.9 binds ``*args`` as a tuple parameter; jitkey sends such kernels to Triton's path, counted."""
+    kernel = jt.jit(_var_positional)
+    assert "is variadic" in kernel.fast_path_problem
+    args = (torch.empty(4), 16, 3)
     with pytest.raises(jt.Unkeyable):
-        kernel.key_of(args, kwargs, device=0)
+        kernel.key_of(args, {}, device=0)
     calls = []
-    jit_fn.run = lambda *a, **k: calls.append((a, k)) or "ran"  # stand-in for Triton's own path
-    assert kernel[(1,)](*args, **kwargs) == "ran"
-    assert (
-        len(calls) == 1 and calls[0][0] == args and calls[0][1] == {"grid": (1,), "warmup": False, **kwargs}
-    )
+    kernel._jk_triton_run = lambda *a, **k: calls.append((a, k)) or "ran"  # stand-in for Triton's own path
+    assert kernel[(1,)](*args) == "ran"
+    assert len(calls) == 1 and calls[0][0] == args and calls[0][1] == {"grid": (1,), "warmup": False}
     assert kernel.cache_stats()["fallback_reasons"] == {kernel.fast_path_problem: 1}
 
 
@@ -495,18 +475,10 @@ class FakeRuntime:
         return self.stream + dev
 
 
-@pytest.fixture(params=list(KEYERS))
-def any_keyer(request):
-    """Runs the test once per available keyer (as the default bind() uses)."""
-    jt.set_default_keyer(KEYERS[request.param])
-    yield request.param
-    jt.set_default_keyer(None)
-
-
 @pytest.fixture
 def fake_runtime(monkeypatch):
     rt = FakeRuntime()
-    monkeypatch.setattr(jt, "_runtime", rt)
+    monkeypatch.setattr(_installed, "runtime", rt)
     return rt
 
 
@@ -530,12 +502,12 @@ class FakeCK:
 
 
 @pytest.fixture
-def fake_triton(monkeypatch):
-    """Replace the JITFunction's own ``run`` (Triton's slow path) with one that records and returns a FakeCK
-    per Triton key, computed by Triton's real binder."""
+def fake_triton(fake_runtime):
+    """Replace the kernel's Triton path (``JITFunction.run``) with one that records and returns a FakeCK per
+    Triton key, computed by Triton's real binder, and keeps it where Triton would (``device_caches``)."""
     state = {"calls": [], "cks": {}}
 
-    def install(fn, name):
+    def install(fn):
         binder = create_function_from_signature(fn.signature, fn.params, _BACKEND)
 
         def run(*args, grid, warmup, **kwargs):
@@ -545,20 +517,22 @@ def fake_triton(monkeypatch):
             _, spec, options = binder(*args, **kwargs)
             tk = compute_cache_key({}, spec, options)
             ck = state["cks"].setdefault(tk, FakeCK(tk))
+            per_device = dict.setdefault(fn.device_caches, fake_runtime.device, ({}, {}, None, None, None))
+            per_device[0][tk] = ck
             for (gname, _), (val, gdict) in fn.used_global_vals.items():
                 if gdict.get(gname) != val:
                     raise RuntimeError(f"Global variable {gname} has changed")
             return ck
 
-        monkeypatch.setattr(fn, "run", run, raising=False)
+        fn._jk_triton_run = run  # on the (per-test) kernel itself: nothing else keeps it alive
         return state
 
     return install
 
 
-def test_hit_path_launches_directly(any_keyer, fake_runtime, fake_triton):
-    state = fake_triton(k_full, "full")
+def test_hit_path_launches_directly(fake_runtime, fake_triton):
     kernel = jt.bind(k_full)
+    state = fake_triton(kernel)
     x = torch.empty(64)
     ck = kernel[(3,)](x, x, 16, 5, 1.0, True, 64)
     assert len(state["calls"]) == 1 and ck.launches == []  # the miss went through "Triton"
@@ -572,9 +546,9 @@ def test_hit_path_launches_directly(any_keyer, fake_runtime, fake_triton):
     assert (stats["hits"], stats["misses"], stats["entries"], stats["fallbacks"]) == (1, 2, 2, 0)
 
 
-def test_stream_and_device_read_per_call(any_keyer, fake_runtime, fake_triton):
-    state = fake_triton(k_full, "full")
+def test_stream_and_device_read_per_call(fake_runtime, fake_triton):
     kernel = jt.bind(k_full)
+    state = fake_triton(kernel)
     x = torch.empty(64)
     args = (x, x, 16, 5, 1.0, True, 64)
     ck = kernel[(1,)](*args)
@@ -588,9 +562,9 @@ def test_stream_and_device_read_per_call(any_keyer, fake_runtime, fake_triton):
     assert len(state["calls"]) == 2 and ck.launches[-1][3] == 2001
 
 
-def test_callable_grid_gets_bound_args(any_keyer, fake_runtime, fake_triton):
-    fake_triton(k_full, "full")
+def test_callable_grid_gets_bound_args(fake_runtime, fake_triton):
     kernel = jt.bind(k_full)
+    fake_triton(kernel)
     x = torch.empty(64)
     seen = []
 
@@ -604,9 +578,9 @@ def test_callable_grid_gets_bound_args(any_keyer, fake_runtime, fake_triton):
     assert ck.launches[-1][:3] == (4, 1, 1)
 
 
-def test_hooks_passed_only_when_chain_non_empty(any_keyer, fake_runtime, fake_triton):
-    fake_triton(k_full, "full")
+def test_hooks_passed_only_when_chain_non_empty(fake_runtime, fake_triton):
     kernel = jt.bind(k_full)
+    fake_triton(kernel)
     x = torch.empty(64)
     args = (x, x, 16, 5, 1.0, True, 64)
     ck = kernel[(1,)](*args)
@@ -626,25 +600,25 @@ def test_hooks_passed_only_when_chain_non_empty(any_keyer, fake_runtime, fake_tr
     assert ck.launches[-1][6:9] == (None, None, None)
 
 
-def test_pre_run_hook_falls_back(any_keyer, fake_runtime, fake_triton):
-    state = fake_triton(k_dns, "dns")
+def test_pre_run_hook_falls_back(fake_runtime, fake_triton):
     kernel = jt.bind(k_dns)
+    state = fake_triton(kernel)
     x = torch.empty(64)
     ck = kernel[(1,)](x, x, 3, 4, 16)
     kernel[(1,)](x, x, 3, 4, 16)
     seen = []
-    k_dns.add_pre_run_hook(lambda *a, **k: seen.append(a))
+    kernel.add_pre_run_hook(lambda *a, **k: seen.append(a))
     try:
         kernel[(1,)](x, x, 3, 4, 16)
     finally:
-        k_dns.pre_run_hooks.clear()
+        kernel.pre_run_hooks.clear()
     assert len(seen) == 1 and len(ck.launches) == 1 and len(state["calls"]) == 2
     assert kernel.cache_stats()["fallback_reasons"] == {"pre_run_hooks": 1}
 
 
-def test_unkeyable_arg_falls_back(any_keyer, fake_runtime, fake_triton):
-    state = fake_triton(k_full, "full")
+def test_unkeyable_arg_falls_back(fake_runtime, fake_triton):
     kernel = jt.bind(k_full)
+    state = fake_triton(kernel)
     x = torch.empty(64)
     kernel[(1,)](x, x, 16, 5, 1.0, True, 64, OPT=lambda: 0)
     assert len(state["calls"]) == 1
@@ -652,12 +626,12 @@ def test_unkeyable_arg_falls_back(any_keyer, fake_runtime, fake_triton):
     assert "function" in reason or "constexpr value of type" in reason
 
 
-def test_globals_changed_raise(any_keyer, fake_runtime, fake_triton):
+def test_globals_changed_raise(fake_runtime, fake_triton):
     global SCALE
-    fake_triton(k_global, "global")
-    k_global.cache_key  # noqa: B018 - computes used_global_vals as a compile would
-    assert k_global.used_global_vals
     kernel = jt.bind(k_global)
+    fake_triton(kernel)
+    kernel.cache_key  # noqa: B018 - computes used_global_vals as a compile would
+    assert kernel.used_global_vals
     x = torch.empty(64)
     ck = kernel[(1,)](x, 0, 16)
     kernel[(1,)](x, 0, 16)
@@ -680,8 +654,11 @@ def test_jit_decorator_and_passthrough():
         pass
 
     assert isinstance(k, jt.TritonKernel) and k.fast_path_problem is None
+    assert isinstance(k, triton.runtime.JITFunction)
     assert k.arg_names == ["a", "n", "BLOCK"] and k.params[1].do_not_specialize
-    assert isinstance(k.fn, triton.runtime.jit.JITFunction)
+    assert inspect.isfunction(k.fn) and k.fn.__name__ == "k" and k.__name__ == "k"
+    assert k.src.startswith("def k(a, n, BLOCK") and inspect.signature(k.fn) == k.signature
+    assert repr(k) == f"JITFunction({__name__}:{k.fn.__qualname__})"
 
     @jt.jit
     def k2(a):
@@ -703,13 +680,10 @@ def test_cpu_without_driver_goes_to_triton():
 
 # --- the native launcher (jitkey._core._TritonLauncher) and the direct C launch ------------------------------
 
-needs_native = pytest.mark.skipif(not jt.native_available(), reason="this build has no native keyer")
 
-
-@needs_native
 def test_native_subscript_is_c_once_launched(fake_runtime, fake_triton):
-    fake_triton(k_full, "full")
-    kernel = jt.bind(k_full, keyer=jt.native_keyer)
+    kernel = jt.bind(k_full)
+    fake_triton(kernel)
     x = torch.empty(64)
     # the first subscript goes through Python's _subscript, which builds the launcher and routes later
     # subscripts to C
@@ -721,10 +695,9 @@ def test_native_subscript_is_c_once_launched(fake_runtime, fake_triton):
     assert ck.launches[-1][:3] == (2, 1, 1)
 
 
-@needs_native
 def test_native_grid_as_list_and_launch_options(fake_runtime, fake_triton):
-    state = fake_triton(k_full, "full")
-    kernel = jt.bind(k_full, keyer=jt.native_keyer)
+    kernel = jt.bind(k_full)
+    state = fake_triton(kernel)
     x = torch.empty(64)
     ck = kernel[[2, 3]](x, x, 16, 5, 1.0, True, 64, num_warps=4)
     assert state["calls"][-1][1] == {"num_warps": 4}  # options reach Triton on the miss
@@ -734,7 +707,6 @@ def test_native_grid_as_list_and_launch_options(fake_runtime, fake_triton):
     assert len(state["calls"]) == 2 and state["calls"][-1][1] == {"num_warps": 8}
 
 
-@needs_native
 @pytest.mark.parametrize(
     "args, kwargs, why",
     [
@@ -745,23 +717,22 @@ def test_native_grid_as_list_and_launch_options(fake_runtime, fake_triton):
 )
 def test_native_binding_errors_go_to_triton_unchanged(fake_runtime, fake_triton, args, kwargs, why):
     """A call that does not bind reaches Triton's own path with its exact arguments (Triton raises)."""
-    fake_triton(k_full, "full")
-    kernel = jt.bind(k_full, keyer=jt.native_keyer)
+    kernel = jt.bind(k_full)
+    fake_triton(kernel)
     x = torch.empty(64)
     kernel[(1,)](x, x, 16, 5, 1.0, True, 64)  # the launcher exists
     calls = []
-    k_full.run = lambda *a, **k: calls.append((a, k)) or "triton"
+    kernel._jk_triton_run = lambda *a, **k: calls.append((a, k)) or "triton"
     assert kernel[(1,)](*args, **kwargs) == "triton"
     assert calls == [(args, {"grid": (1,), "warmup": False, **kwargs})]
     (reason,) = kernel.cache_stats()["fallback_reasons"]
     assert reason.startswith("arguments do not bind") and why in reason
 
 
-@needs_native
 def test_native_key_of_matches_the_launch_key(fake_runtime, fake_triton):
     """key_of is the key the launcher stores under: two calls share an entry iff their key_of agree."""
-    state = fake_triton(k_full, "full")
-    kernel = jt.bind(k_full, keyer=jt.native_keyer)
+    kernel = jt.bind(k_full)
+    state = fake_triton(kernel)
     x = torch.empty(64)
     calls = [
         ((x, x, 16, 5, 1.0, True, 64), {}),
@@ -802,13 +773,13 @@ def _cuda_launcher(**attrs):
 
 
 def test_direct_c_launch_passes_exactly_what_ck_run_would():
-    if jt._triton_info().launcher_call is None:
+    if jt.triton_info().launcher_call is None:
         pytest.skip(
             "this Triton's CudaLauncher.__call__ is not code jitkey forwards around (hits call ck.run)"
         )
     run, launches = _cuda_launcher()
     pm = (4, 1, 0)
-    target, mid = jt._launch_target(run, pm)
+    target, mid = _installed.launch_target(run, pm)
     assert target is run.launch
     args = (torch.empty(4), 7, 8.0, None)
     run(2, 3, 4, 99, 1234, pm, "md", "enter", "exit", *args)  # CudaLauncher.__call__ itself
@@ -820,7 +791,7 @@ def test_direct_c_launch_passes_exactly_what_ck_run_would():
 def test_direct_c_launch_not_used_when_scratch_is_needed(attrs):
     run, _ = _cuda_launcher(**attrs)
     pm = (4, 1, 0)
-    assert jt._launch_target(run, pm) == (run, (pm,))
+    assert _installed.launch_target(run, pm) == (run, (pm,))
 
 
 def test_direct_c_launch_needs_known_launcher_code(monkeypatch):
@@ -832,41 +803,39 @@ def test_direct_c_launch_needs_known_launcher_code(monkeypatch):
         return original(self, *args)
 
     monkeypatch.setattr(CudaLauncher, "__call__", patched)
-    assert jt._known_launcher_call() is None
+    assert _installed._known_launcher_call("x")[0] is None
     run, _ = _cuda_launcher()
-    assert jt._launch_target(run, (4, 1, 0)) == (run, ((4, 1, 0),))
+    assert _installed.launch_target(run, (4, 1, 0)) == (run, ((4, 1, 0),))
 
 
-@needs_native
 def test_native_sees_reassigned_kernel_attributes(fake_runtime, fake_triton):
     """The launcher reads the kernel's attributes per call, so replacing (not mutating) them is seen."""
-    state = fake_triton(k_dns, "dns")
-    kernel = jt.bind(k_dns, keyer=jt.native_keyer)
+    kernel = jt.bind(k_dns)
+    state = fake_triton(kernel)
     x = torch.empty(64)
     ck = kernel[(1,)](x, x, 3, 4, 16)
     kernel[(1,)](x, x, 3, 4, 16)
-    old_hooks, old_debug = k_dns.pre_run_hooks, k_dns.debug
+    old_hooks, old_debug = kernel.pre_run_hooks, kernel.debug
     seen = []
     try:
-        k_dns.pre_run_hooks = [lambda *a, **k: seen.append(a)]
+        kernel.pre_run_hooks = [lambda *a, **k: seen.append(a)]
         kernel[(1,)](x, x, 3, 4, 16)
-        k_dns.pre_run_hooks = old_hooks
-        k_dns.debug = not old_debug  # another key: a miss through Triton
+        kernel.pre_run_hooks = old_hooks
+        kernel.debug = not old_debug  # another key: a miss through Triton
         kernel[(1,)](x, x, 3, 4, 16)
     finally:
-        k_dns.pre_run_hooks, k_dns.debug = old_hooks, old_debug
+        kernel.pre_run_hooks, kernel.debug = old_hooks, old_debug
     assert len(seen) == 1 and len(ck.launches) == 1 and len(state["calls"]) == 3
     assert kernel.cache_stats()["fallback_reasons"] == {"pre_run_hooks": 1}
 
 
-@needs_native
 def test_native_kernel_is_garbage_collected(fake_runtime, fake_triton):
     """kernel -> launcher -> bound miss/fallback methods -> kernel is a cycle the GC must be able to break."""
     import gc
     import weakref
 
-    fake_triton(k_full, "full")
-    kernel = jt.bind(k_full, keyer=jt.native_keyer)
+    kernel = jt.bind(k_full)
+    fake_triton(kernel)
     x = torch.empty(64)
     kernel[(1,)](x, x, 16, 5, 1.0, True, 64)
     kernel[(1,)](x, x, 16, 5, 1.0, True, 64)
@@ -875,3 +844,28 @@ def test_native_kernel_is_garbage_collected(fake_runtime, fake_triton):
     del kernel
     gc.collect()
     assert ref() is None
+
+
+def test_hit_needs_tritons_own_entry(fake_runtime, fake_triton):
+    """Whatever drops Triton's cached kernel (``device_caches.clear()``, a cleared per-device cache, another
+    kernel under the key) makes the next call a miss that Triton answers again, as plain Triton would."""
+    kernel = jt.bind(k_full)
+    state = fake_triton(kernel)
+    x = torch.empty(64)
+    args = (x, x, 16, 5, 1.0, True, 64)
+    ck = kernel[(1,)](*args)
+    kernel[(1,)](*args)
+    assert len(state["calls"]) == 1 and len(ck.launches) == 1
+    kernel.device_caches.clear()
+    kernel[(1,)](*args)  # Triton is asked again (it would recompile or load from its disk cache)
+    kernel[(1,)](*args)
+    assert len(state["calls"]) == 2 and len(ck.launches) == 2
+    dict.get(kernel.device_caches, 0)[0].clear()
+    kernel[(1,)](*args)
+    assert len(state["calls"]) == 3
+    (tk,) = dict.get(kernel.device_caches, 0)[0]
+    other = FakeCK("other")
+    dict.get(kernel.device_caches, 0)[0][tk] = other  # Triton now holds another kernel for this key
+    kernel[(1,)](*args)
+    assert len(state["calls"]) == 4
+    assert kernel.cache_stats()["fallbacks"] == 0

@@ -50,6 +50,12 @@ def fast_hash(value: object, /) -> int:
 def digest_encoding(encoding: bytes, /) -> bytes:
     """Return the 32-byte digest of an encoding obtained from :func:`encode`."""
 
+def _register_key_adapter(
+    tp: type, adapter: Callable[[Any], object] | None, /, *, subclasses: bool = False
+) -> None:
+    """Private (:mod:`jitkey.triton`): key objects of ``tp`` (and its subclasses, if asked) as
+    ``adapter(obj)``, like a ``__jitkey__`` method, under the type's qualified name; ``None`` removes it."""
+
 @final
 class LruCache:
     """A bounded, thread-safe cache from key trees (as for :func:`encode`) to any Python objects.
@@ -341,7 +347,14 @@ class _TritonEntry:
     """
 
     def __new__(
-        cls, ck: object, target: Callable[..., Any], function: object, mid: tuple[Any, ...], /
+        cls,
+        ck: object,
+        target: Callable[..., Any],
+        function: object,
+        mid: tuple[Any, ...],
+        kcache: dict[Any, Any] | None = None,
+        tkey: object = None,
+        /,
     ) -> _TritonEntry: ...
     @property
     def ck(self) -> Any: ...
@@ -377,6 +390,7 @@ class _TritonLauncher:
         miss: Callable[[Any, tuple[Any, ...], dict[str, Any]], tuple[Any, Any]],
         fallback: Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any],
         check_globals: Callable[[], None],
+        npos: int | None = None,
         /,
     ) -> _TritonLauncher: ...
     @property

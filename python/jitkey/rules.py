@@ -163,8 +163,10 @@ class ByTypeRule(_RuleBase):
     """Dispatch on the argument's type (for dynamically typed parameters, as Triton's and Helion's).
 
     ``bool`` is checked before ``int``. ``tuples`` (and ``lists``) recurse with ``items`` (default:
-    this same rule). ``any_`` keys every other keyable type by value. A type with no alternative
-    raises ``ArgumentError``.
+    this same rule); with ``tuples``, named tuples recurse too, keyed with their type and field names.
+    ``any_`` keys every other keyable type by value; ``objects`` keys only objects of non-builtin types
+    that :func:`jitkey.encode` keys (``__jitkey__``, torch dtypes/devices, registered adapters such as
+    Triton's ``constexpr``/``dtype``). A type with no alternative raises ``ArgumentError``.
     """
 
     tensor: TensorRule | None = None
@@ -176,9 +178,10 @@ class ByTypeRule(_RuleBase):
     lists: bool = False
     any_: bool = False
     items: ByTypeRule | None = None
+    objects: bool = False
 
     def __jitkey_rule__(self) -> Spec:
-        return (
+        spec: Spec = (
             "by_type",
             None if self.tensor is None else self.tensor.__jitkey_rule__(),
             None if self.int_ is None else self.int_.__jitkey_rule__(),
@@ -190,6 +193,7 @@ class ByTypeRule(_RuleBase):
             self.any_,
             None if self.items is None else self.items.__jitkey_rule__(),
         )
+        return (*spec, True) if self.objects else spec
 
 
 Rule = (
@@ -282,9 +286,10 @@ def by_type(
     lists: bool = False,
     any_: bool = False,
     items: ByTypeRule | None = None,
+    objects: bool = False,
 ) -> ByTypeRule:
     """A parameter whose rule depends on the argument's type (see :class:`ByTypeRule`)."""
-    return ByTypeRule(tensor, int_, float_, bool_, none, tuples, lists, any_, items)
+    return ByTypeRule(tensor, int_, float_, bool_, none, tuples, lists, any_, items, objects)
 
 
 # ---- Triton ------------------------------------------------------------------------------------
@@ -295,9 +300,11 @@ def triton_value(*, specialize: bool = True, align: bool = True) -> ByTypeRule:
 
     tensor → dtype (+ 16-byte alignment of ``data_ptr()`` when ``specialize and align``);
     int → range class i32/i64/u64, ``== 1`` and ``% 16 == 0`` (per ``specialize``/``align``);
-    bool → u1 and float → fp32 (type only: Triton never specializes their values); None; tuples
-    recursively, their members always fully specialized (as Triton's binder does, even under
-    ``do_not_specialize``). The device is not keyed here:
+    bool → u1 and float → fp32 (type only: Triton never specializes their values); None; tuples and
+    named tuples recursively, their members always fully specialized (as Triton's binder does, even under
+    ``do_not_specialize``); objects :func:`jitkey.encode` keys (``jitkey.triton`` registers Triton's
+    ``constexpr``, ``dtype``, jit functions, ``triton.reinterpret`` tensors and host
+    ``TensorDescriptor`` objects, each keyed as finely as Triton specializes it). The device is not keyed here:
     Triton keys on the *current* device, which the caller folds in (see :func:`triton`).
     """
     full = specialize and align
@@ -309,6 +316,7 @@ def triton_value(*, specialize: bool = True, align: bool = True) -> ByTypeRule:
         none=True,
         tuples=True,
         items=None if full else triton_value(),
+        objects=True,
     )
 
 

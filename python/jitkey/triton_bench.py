@@ -25,6 +25,7 @@ import triton.language as tl
 
 import jitkey
 import jitkey.triton as jt
+from jitkey.triton._installed import launch_target
 
 
 # fmt: off
@@ -161,14 +162,11 @@ def run_bench(batches: int = 100, launches: int = 200) -> dict[str, Any]:
                 g0, 1, 1, get_stream(dev), function, pm, None, None, None, *args
             ),
         }
-        target, mid = jt._launch_target(run, pm)
+        target, mid = launch_target(run, pm)
         if target is not run:  # the floor: the compiled C launcher, called as CudaLauncher.__call__ would
             impls["C launcher direct"] = lambda t=target, f=function, mid=mid, args=args, g0=g0: t(
                 g0, 1, 1, get_stream(dev), f, *mid, None, None, None, *args
             )
-        if jk.cache_stats()["keyer"] != "python":  # also time the pure-Python keyer for comparison
-            jk_py = jt.bind(kernel, keyer=jt.python_keyer)
-            impls["jitkey (python keyer)"] = lambda jk_py=jk_py, args=args: jk_py[GRID](*args)
         tmp = torch.empty_like(x0)
         impls["torch.add"] = lambda x0=x0, y0=y0, tmp=tmp: torch.add(x0, y0, out=tmp)
         row: dict[str, Any] = {"case": label, "args": len(args)}
@@ -197,7 +195,7 @@ def run_bench(batches: int = 100, launches: int = 200) -> dict[str, Any]:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "jitkey": jitkey.__version__,
-        "keyer": results[0]["jitkey stats"]["keyer"],
+        "fast_paths": jt.fast_paths(),
         "method": f"median over {batches} batches of {launches} back-to-back launches, implementations taking "
         "turns batch by batch, synchronize between batches (not timed); host µs per launch",
         "results": results,
@@ -207,12 +205,10 @@ def run_bench(batches: int = 100, launches: int = 200) -> dict[str, Any]:
 def _print_table(res: dict[str, Any]) -> None:
     print(
         f"{res['device']} · Python {res['python']} · torch {res['torch']} · triton {res['triton']} · "
-        f"jitkey {res['jitkey']} (keyer: {res['keyer']})"
+        f"jitkey {res['jitkey']} (fast paths: {res['fast_paths']})"
     )
     print(res["method"])
     cols = ["triton fn[grid]", "jitkey", "CompiledKernel.run", "torch.add"]
-    if "jitkey (python keyer)" in res["results"][0]:
-        cols.insert(2, "jitkey (python keyer)")
     if all("C launcher direct" in r for r in res["results"]):
         cols.insert(cols.index("CompiledKernel.run") + 1, "C launcher direct")
     print(

@@ -24,6 +24,7 @@
 //! | `0x14` | float, keyed by type only | – |
 //! | `0x15` | list (by-type rules) | u32 LE item count, then each item |
 //! | `0x16` | bool, keyed by type only | – |
+//! | `0x18` | tuple subclass: named tuple, `torch.Size` (by-type rules) | the v1 encoding of `(type name, field names)`, u32 LE item count, then each item |
 //!
 //! Rules keyed by value (int value, float value, bool, None, constexpr, any) write plain v1 leaves.
 
@@ -49,6 +50,9 @@ pub mod tag {
     /// (u16 LE) and the alignment bit. Written only into in-memory keys (the Triton launcher's
     /// cache), never into a `Signature`'s encodings; never decoded or persisted.
     pub const TENSOR_IN_PROCESS: u8 = 0x17;
+    /// A tuple subclass (a named tuple, `torch.Size`) under a by-type rule with tuples: the v1
+    /// encoding of `(qualified type name, field names)`, then the items as for a tuple.
+    pub const NAMEDTUPLE: u8 = 0x18;
 }
 
 /// Version of the plan description written into every header.
@@ -139,6 +143,10 @@ pub struct ByType {
     pub lists: bool,
     /// Any other keyable value (as `jitkey.encode` keys it).
     pub any: bool,
+    /// Objects of non-builtin types that `jitkey.encode` keys (through `__jitkey__` or a
+    /// registered key adapter, e.g. Triton's `constexpr` and `dtype`), as it keys them. Implied by
+    /// `any`.
+    pub objects: bool,
     /// The rule for tuple/list items; `None`: this same rule. (Triton specializes the members of
     /// a tuple fully even where the parameter itself is `do_not_specialize`.)
     pub items: Option<Box<ByType>>,
@@ -262,7 +270,10 @@ impl ByType {
             Some(false) => 1,
             Some(true) => 2,
         });
-        out.extend_from_slice(&[u8::from(b.none), u8::from(b.tuples), u8::from(b.lists), u8::from(b.any)]);
+        // `any` and `objects` share one byte (0 neither, 1 any, 2 objects only), so the
+        // descriptions of rules without `objects` are what they were before it existed.
+        let any = if b.any { 1 } else { 2 * u8::from(b.objects) };
+        out.extend_from_slice(&[u8::from(b.none), u8::from(b.tuples), u8::from(b.lists), any]);
         match &b.items {
             Some(items) => {
                 out.push(1);
@@ -572,10 +583,15 @@ fn decode_by_type(r: &mut Reader<'_>, b: &ByType, out: &mut Vec<Component>) -> R
             out.push(("kind", Value::Str("bool".into())));
             Ok(())
         }
-        vtag::TUPLE | tag::LIST if b.tuples => {
+        vtag::TUPLE | tag::LIST | tag::NAMEDTUPLE if b.tuples => {
             r.pos += 1;
+            if t == tag::NAMEDTUPLE {
+                out.push(("kind", Value::Str("namedtuple".into())));
+                out.push(("type", decode_value(r)?));
+            } else {
+                out.push(("kind", Value::Str(if t == tag::LIST { "list" } else { "tuple" }.into())));
+            }
             let n = r.u32()? as usize;
-            out.push(("kind", Value::Str(if t == tag::LIST { "list" } else { "tuple" }.into())));
             out.push(("len", Value::Int(n as i128)));
             for i in 0..n {
                 let mut inner = Vec::new();

@@ -16,7 +16,7 @@ use jitkey_core::key::{Encoder, FastHashState, KeyError, MAX_DEPTH};
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyType};
 
 use crate::errors::{KeyDepthError, KeyLengthError, UnsupportedKeyError};
 
@@ -313,7 +313,7 @@ pub(crate) fn is_torch_device(obj: &Bound<'_, PyAny>) -> bool {
 /// `module.qualname` of a `__jitkey__` object's type, as `_reference._type_name` spells it: only
 /// `builtins` is left out. (PyO3's `fully_qualified_name` also drops `__main__`, which made a class
 /// of the main script share keys with a module's class of the same dotted name.)
-fn object_type_name(ty: &Bound<'_, pyo3::types::PyType>) -> PyResult<String> {
+fn object_type_name(ty: &Bound<'_, PyType>) -> PyResult<String> {
     let py = ty.py();
     let module = ty.getattr(intern!(py, "__module__"))?;
     let module = module.str()?;
@@ -511,7 +511,8 @@ fn walk_other(
         None => {}
     }
     let ty = obj.get_type();
-    if !ty.hasattr(intern!(py, "__jitkey__"))? {
+    let adapter = adapter_for(py, tp);
+    if adapter.is_none() && !ty.hasattr(intern!(py, "__jitkey__"))? {
         return Err(WalkError::unsupported(obj, UNSUPPORTED_WHY));
     }
     if depth >= MAX_DEPTH {
@@ -519,9 +520,49 @@ fn walk_other(
     }
     let type_name = object_type_name(&ty)?;
     enc.object_header(&type_name)?;
-    let value =
-        obj.call_method0(intern!(py, "__jitkey__")).map_err(|e| WalkError::from(e).at(Step::JitKey))?;
+    let value = match adapter {
+        Some(f) => f.bind(py).call1((obj,)),
+        None => obj.call_method0(intern!(py, "__jitkey__")),
+    }
+    .map_err(|e| WalkError::from(e).at(Step::JitKey))?;
     walk(&value, enc, depth + 1).map_err(|e| e.at(Step::JitKey))
+}
+
+// ---- key adapters ------------------------------------------------------------------------------
+
+/// A type keyed by a function instead of its own `__jitkey__` (for types jitkey does not own, such
+/// as Triton's `constexpr` and `dtype`): `(type, adapter, subclasses too)`. The adapter's result
+/// is keyed exactly as a `__jitkey__()` result would be, under the type's qualified name. The
+/// entries hold their type, so a type pointer is never reused while it is registered.
+type AdapterEntry = (Py<PyType>, Py<PyAny>, bool);
+static ADAPTERS: RwLock<Vec<AdapterEntry>> = RwLock::new(Vec::new());
+
+fn adapter_for(py: Python<'_>, tp: *mut ffi::PyTypeObject) -> Option<Py<PyAny>> {
+    let entries = ADAPTERS.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let exact = entries.iter().find(|(t, _, _)| t.as_ptr().cast::<ffi::PyTypeObject>() == tp);
+    let found = exact.or_else(|| {
+        entries.iter().find(|(t, _, sub)| {
+            // SAFETY: both are live type objects.
+            *sub && unsafe { ffi::PyType_IsSubtype(tp, t.as_ptr().cast()) } != 0
+        })
+    });
+    found.map(|(_, f, _)| f.clone_ref(py))
+}
+
+/// _register_key_adapter(type, adapter, /, *, subclasses=False): key objects of `type` (and of its
+/// subclasses, if asked) as `adapter(obj)`, like a `__jitkey__` method. Registering a type again
+/// replaces its adapter; `adapter=None` removes it.
+#[pyfunction]
+#[pyo3(signature = (tp, adapter, /, *, subclasses = false))]
+fn _register_key_adapter(tp: Bound<'_, PyType>, adapter: Option<Py<PyAny>>, subclasses: bool) {
+    let mut entries = ADAPTERS.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let old = entries.iter().position(|(t, _, _)| t.is(&tp));
+    let removed = old.map(|i| entries.remove(i));
+    if let Some(f) = adapter {
+        entries.push((tp.unbind(), f, subclasses));
+    }
+    drop(entries);
+    drop(removed); // outside the lock: dropping may run Python code
 }
 
 // ---- the Python API ----------------------------------------------------------------------------
@@ -597,6 +638,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(digest, m)?)?;
     m.add_function(wrap_pyfunction!(fast_hash, m)?)?;
     m.add_function(wrap_pyfunction!(digest_encoding, m)?)?;
+    m.add_function(wrap_pyfunction!(_register_key_adapter, m)?)?;
     Ok(())
 }
 

@@ -40,24 +40,32 @@ pub(crate) struct Entry {
     target: Py<PyAny>,
     function: Py<PyAny>,
     mid: Vec<Py<PyAny>>,
+    /// Where Triton keeps `ck`: its per-device kernel cache (a dict) and the key in it. A hit is
+    /// valid only while `kernel.device_caches[device][0][tkey] is ck`, so whatever drops or
+    /// replaces Triton's entry (`device_caches.clear()`, a test, a source change handled by the
+    /// caller) drops jitkey's too. `None`: not checked.
+    kcache: Option<Py<PyAny>>,
+    tkey: Option<Py<PyAny>>,
 }
 
 #[pymethods]
 impl Entry {
     #[new]
-    #[pyo3(signature = (ck, target, function, mid, /))]
+    #[pyo3(signature = (ck, target, function, mid, kcache = None, tkey = None, /))]
     fn new(
         ck: Py<PyAny>,
         target: Py<PyAny>,
         function: Py<PyAny>,
         mid: &Bound<'_, PyTuple>,
+        kcache: Option<Py<PyAny>>,
+        tkey: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         if mid.len() > MAX_MID {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "_TritonEntry: at most {MAX_MID} arguments between function and the launch metadata"
             )));
         }
-        Ok(Self { ck, target, function, mid: mid.iter().map(Bound::unbind).collect() })
+        Ok(Self { ck, target, function, mid: mid.iter().map(Bound::unbind).collect(), kcache, tkey })
     }
 
     #[getter]
@@ -86,6 +94,12 @@ impl Entry {
         visit.call(&self.function)?;
         for m in &self.mid {
             visit.call(m)?;
+        }
+        if let Some(k) = &self.kcache {
+            visit.call(k)?;
+        }
+        if let Some(k) = &self.tkey {
+            visit.call(k)?;
         }
         Ok(())
     }
@@ -147,6 +161,8 @@ pub(crate) struct Launcher {
     fallback: Py<PyAny>,
     check_globals: Py<PyAny>,
     names: Vec<Py<PyString>>,
+    /// How many parameters may be passed positionally (the rest are keyword-only).
+    npos: usize,
 }
 
 fn borrowed<'a, 'py>(py: Python<'py>, p: *mut ffi::PyObject) -> Borrowed<'a, 'py, PyAny> {
@@ -194,8 +210,9 @@ impl Launcher {
         let sig = self.sig.get();
         let n = self.names.len();
         let nargs = pos.len();
-        if nargs > n {
-            return Err(format!("takes {n} positional arguments but {nargs} were given"));
+        if nargs > self.npos {
+            let npos = self.npos;
+            return Err(format!("takes {npos} positional arguments but {nargs} were given"));
         }
         let mut b = BoundArgs { stack: [null_mut(); STACK], heap: Vec::new(), n, opts: Vec::new() };
         let slots: &mut [*mut ffi::PyObject] = if n <= STACK {
@@ -271,6 +288,28 @@ impl Launcher {
         sig.encode_params_in_process(py, b.params(), enc)
             .map_err(|e| Leave::Fallback(e.into_value(py).into_any()))?;
         Ok(())
+    }
+
+    /// Whether Triton still holds the entry's kernel where it was found (see `Entry::kcache`).
+    fn entry_current(
+        &self,
+        py: Python<'_>,
+        entry: &Bound<'_, PyAny>,
+        device: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let Ok(entry) = entry.cast::<Entry>() else { return Ok(true) }; // launch_hit reports it
+        let e = entry.get();
+        let (Some(kcache), Some(tkey)) = (&e.kcache, &e.tkey) else { return Ok(true) };
+        let caches = self.kernel_fn.bind(py).getattr(intern!(py, "device_caches"))?;
+        let Ok(caches) = caches.cast::<PyDict>() else { return Ok(false) };
+        // PyDict_GetItem semantics: a defaultdict's factory is not called.
+        let Some(per_device) = caches.get_item(device)? else { return Ok(false) };
+        let Ok(per_device) = per_device.cast::<PyTuple>() else { return Ok(false) };
+        if per_device.is_empty() || !per_device.get_item(0)?.is(kcache.bind(py)) {
+            return Ok(false);
+        }
+        let Ok(kcache) = kcache.bind(py).cast::<PyDict>() else { return Ok(false) };
+        Ok(kcache.get_item(tkey.bind(py))?.is_some_and(|ck| ck.is(e.ck.bind(py))))
     }
 
     fn is_empty_hook(&self, py: Python<'_>, h: &Bound<'_, PyAny>) -> PyResult<bool> {
@@ -370,7 +409,7 @@ impl Launcher {
     #[new]
     #[pyo3(signature = (
         sig, cache, kernel_fn, runtime, knobs, check_stages, get_device, get_stream, hook_chain,
-        miss, fallback, check_globals, /
+        miss, fallback, check_globals, npos = None, /
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -387,8 +426,11 @@ impl Launcher {
         miss: Py<PyAny>,
         fallback: Py<PyAny>,
         check_globals: Py<PyAny>,
+        npos: Option<usize>,
     ) -> Self {
-        let names = sig.get().param_names().iter().map(|n| PyString::intern(py, n).unbind()).collect();
+        let names: Vec<_> =
+            sig.get().param_names().iter().map(|n| PyString::intern(py, n).unbind()).collect();
+        let npos = npos.unwrap_or(names.len()).min(names.len());
         let knobs = knobs.into_iter().map(|(o, a)| (o, PyString::intern(py, &a).unbind())).collect();
         Self {
             sig,
@@ -404,6 +446,7 @@ impl Launcher {
             fallback,
             check_globals,
             names,
+            npos,
         }
     }
 
@@ -741,6 +784,18 @@ impl Launcher {
             })
         });
         let grid = borrowed(py, call.grid);
+        let probe = match probe {
+            Ok(Probe::Hit(entry)) if !self.entry_current(py, &entry, &device)? => {
+                // Triton no longer holds this kernel (its cache was cleared or replaced): ask it
+                // again, as a miss, under the same key.
+                with_encoder(|enc| -> Result<Probe<'py>, Leave> {
+                    self.encode_key(py, enc, &device, &b)?;
+                    let key = enc.as_bytes();
+                    Ok(Probe::Miss(fast_hash_state().hash(key), key.to_vec()))
+                })
+            }
+            other => other,
+        };
         match probe {
             Ok(Probe::Hit(entry)) => self.launch_hit(py, &entry, &grid, &device, &b),
             Ok(Probe::Miss(h, key)) => {

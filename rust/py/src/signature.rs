@@ -589,9 +589,9 @@ fn parse_spec(spec: &Bound<'_, PyAny>, param: &str) -> PyResult<Rule> {
         "ignore" => fixed(1, Rule::Ignore),
         "by_type" => {
             // ("by_type", tensor|None, int|None, float|None, bool|None, none, tuples, lists, any
-            //  [, items: by_type spec|None])
-            if spec.len() != 9 && spec.len() != 10 {
-                return Err(spec_err(param, format!("by_type rule spec needs 9 or 10 items, got {spec}")));
+            //  [, items: by_type spec|None [, objects]])
+            if !(9..=11).contains(&spec.len()) {
+                return Err(spec_err(param, format!("by_type rule spec needs 9 to 11 items, got {spec}")));
             }
             let opt = |i: usize| -> PyResult<Option<Bound<'_, PyTuple>>> {
                 let v = item(spec, i, param)?;
@@ -627,7 +627,8 @@ fn parse_spec(spec: &Bound<'_, PyAny>, param: &str) -> PyResult<Rule> {
                 tuples: get_bool(spec, 6, param)?,
                 lists: get_bool(spec, 7, param)?,
                 any: get_bool(spec, 8, param)?,
-                items: match if spec.len() == 10 { opt(9)? } else { None } {
+                objects: spec.len() == 11 && get_bool(spec, 10, param)?,
+                items: match if spec.len() >= 10 { opt(9)? } else { None } {
                     None => None,
                     Some(t) => match parse_spec(t.as_any(), param)? {
                         Rule::ByType(inner) => Some(inner),
@@ -1056,6 +1057,16 @@ fn encode_by_type(b: &ByType, obj: &Bound<'_, PyAny>, enc: &mut Encoder, depth: 
             }
             return Ok(());
         }
+        if b.tuples && ffi::PyTuple_Check(ptr) != 0 {
+            if let Some(fields) = namedtuple_fields(obj) {
+                return encode_namedtuple(b, obj, &fields, enc, depth);
+            }
+        }
+    }
+    if b.objects && !b.any && !is_builtin_value(tp) {
+        // Every leaf the canonical walker writes for a non-builtin object (an object header, a
+        // dtype, a device) starts with a tag no other alternative above writes.
+        return encode_keyable(obj, enc);
     }
     if b.any {
         // Every alternative above writes a leaf whose first tag differs from what the canonical
@@ -1063,6 +1074,61 @@ fn encode_by_type(b: &ByType, obj: &Bound<'_, PyAny>, enc: &mut Encoder, depth: 
         return encode_keyable(obj, enc);
     }
     Err(Fail::wrong_type(obj, &expected_types(b)))
+}
+
+/// Whether `tp` is a builtin value type (or a subclass of one) that the by-type alternatives
+/// either handle or refuse; such objects never reach the `objects` alternative.
+fn is_builtin_value(tp: *mut ffi::PyTypeObject) -> bool {
+    // SAFETY: tp is a live type object; the flag checks read its tp_flags.
+    unsafe {
+        let flags = ffi::Py_TPFLAGS_LONG_SUBCLASS
+            | ffi::Py_TPFLAGS_TUPLE_SUBCLASS
+            | ffi::Py_TPFLAGS_LIST_SUBCLASS
+            | ffi::Py_TPFLAGS_BYTES_SUBCLASS
+            | ffi::Py_TPFLAGS_UNICODE_SUBCLASS
+            | ffi::Py_TPFLAGS_DICT_SUBCLASS;
+        ffi::PyType_GetFlags(tp) & flags != 0
+            || ffi::PyType_IsSubtype(tp, addr_of_mut!(ffi::PyFloat_Type)) != 0
+    }
+}
+
+/// The field names of a tuple subclass: a named tuple's `_fields` (a tuple of str), or none for a
+/// plain tuple subclass such as `torch.Size` (Triton binds both like tuples). `None`: some other
+/// `_fields`, not keyed.
+fn namedtuple_fields<'py>(obj: &Bound<'py, PyAny>) -> Option<Bound<'py, PyTuple>> {
+    let py = obj.py();
+    let Ok(fields) = obj.get_type().getattr(intern!(py, "_fields")) else {
+        return Some(PyTuple::empty(py));
+    };
+    let fields = fields.cast_into_exact::<PyTuple>().ok()?;
+    fields.iter().all(|f| f.is_exact_instance_of::<pyo3::types::PyString>()).then_some(fields)
+}
+
+/// A tuple subclass (a named tuple, `torch.Size`): tag, the v1 encoding of `(qualified type name,
+/// field names)`, then the items as for a tuple. Triton keys it like a tuple of its items; the type
+/// and the field names make this finer.
+fn encode_namedtuple(
+    b: &ByType,
+    obj: &Bound<'_, PyAny>,
+    fields: &Bound<'_, PyTuple>,
+    enc: &mut Encoder,
+    depth: usize,
+) -> FResult {
+    if depth >= jitkey_core::key::MAX_DEPTH {
+        return Err(Fail::msg("arguments nested too deeply".into()));
+    }
+    let ty = obj.get_type();
+    let name = ty.fully_qualified_name().map_err(Fail::py)?;
+    let items = obj.cast::<PyTuple>().expect("a tuple subclass");
+    enc.raw_u8(stag::NAMEDTUPLE);
+    let head = PyTuple::new(obj.py(), [name.into_any(), fields.clone().into_any()]).map_err(Fail::py)?;
+    encode_keyable(head.as_any(), enc)?;
+    let n = u32::try_from(items.len()).map_err(|_| Fail::msg("sequence too long".into()))?;
+    enc.raw(&n.to_le_bytes());
+    for (i, it) in items.iter().enumerate() {
+        encode_by_type(b.items.as_deref().unwrap_or(b), &it, enc, depth + 1).map_err(|e| e.at(i))?;
+    }
+    Ok(())
 }
 
 fn expected_types(b: &ByType) -> String {

@@ -100,11 +100,7 @@ def _kernel_key(fn: Any) -> tuple[Any, ...]:
     from triton.runtime.autotuner import Autotuner, Heuristics
     from triton.runtime.jit import JITFunction
 
-    from jitkey.triton import TritonKernel
-
-    if isinstance(fn, TritonKernel):
-        return _kernel_key(fn.fn)
-    if isinstance(fn, JITFunction):
+    if isinstance(fn, JITFunction):  # a jitkey.triton.TritonKernel is one too
         return ("jit", function_key(fn))
     if isinstance(fn, Heuristics):
         values = tuple(sorted((str(name), function_key(f)) for name, f in fn.values.items()))
@@ -118,7 +114,7 @@ def _kernel_key(fn: Any) -> tuple[Any, ...]:
 
 
 def _base_name(fn: Any) -> str:
-    while not callable(getattr(fn, "__code__", None)) and hasattr(fn, "fn"):
+    while not callable(getattr(fn, "__code__", None)) and hasattr(fn, "fn") and fn.fn is not fn:
         fn = fn.fn
     return str(getattr(fn, "__qualname__", getattr(fn, "__name__", "?")))
 
@@ -190,6 +186,16 @@ def _autotune_listener() -> Callable[..., Any] | None:
     return getattr(getattr(knobs, "autotuning", None), "listener", None)
 
 
+def _print_autotuning() -> bool:
+    """``knobs.autotuning.print`` (``TRITON_PRINT_AUTOTUNING``), read per tuning as Triton's autotuner does."""
+    try:
+        from triton import knobs
+
+        return bool(knobs.autotuning.print)
+    except (ImportError, AttributeError):
+        return False
+
+
 def _timing_order(t: Any) -> tuple[float, ...]:
     if isinstance(t, (list, tuple)):
         return tuple(float(x) for x in t)
@@ -241,7 +247,7 @@ class PersistentAutotuner:
         import triton
         from triton.runtime.jit import JITFunction
 
-        from jitkey.triton import bind
+        from jitkey.triton._kernel import bind
 
         if isinstance(fn, JITFunction):
             fn = bind(fn)
@@ -651,7 +657,10 @@ class PersistentAutotuner:
         bench = self.do_bench
         timings: dict[int, Any] = {}
         t0 = time.perf_counter()
+        verbose = _print_autotuning()
         for cfg in pruned:
+            if verbose:
+                print(f"Autotuning kernel {self.base_name} with config {cfg}")
             conflicts = kwargs.keys() & cfg.kwargs.keys()
             if conflicts:
                 raise ValueError(
@@ -686,6 +695,12 @@ class PersistentAutotuner:
         best = builtins.min(timings, key=lambda i: _timing_order(timings[i]))
         self.bench_time = time.perf_counter() - t0
         self.configs_timings = {self.configs[i]: t for i, t in timings.items()}
+        if verbose:  # the lines triton.autotune prints under TRITON_PRINT_AUTOTUNING
+            key = tuple(nargs.get(k) for k in self.keys)
+            print(
+                f"Triton autotuning for function {self.base_name},\nwith key as {key},\n"
+                f"finished after {self.bench_time:.2f}s,\nbest config selected: {self.configs[best]};"
+            )
         self.pre_hook({**nargs, **kwargs, **self.configs[best].all_kwargs()}, reset_only=True)
         with self._lock:
             self._stats["tunings"] += 1

@@ -1,0 +1,118 @@
+"""Launch warm Triton kernels without Triton's per-call Python dispatch.
+
+``jitkey.triton.jit`` (a drop-in for ``triton.jit``) returns a :class:`TritonKernel`, which *is* a
+``triton.runtime.JITFunction``: inspection (``fn``, ``src``, ``params``, ``cache_key``, ...), use as a
+helper from other kernels (inline or ``noinline``; editing a helper recompiles its callers), ``warmup``,
+``preload``, hooks and torch.compile all behave as Triton's. Only the warm launch differs:
+
+* **Key.** Every call builds a key at least as fine as Triton's own specialization: the current device
+  index, per parameter Triton's buckets (tensor dtype + 16-byte alignment; int range class, ``== 1`` and
+  ``% 16``; bool before int; float; None; tuples and named tuples recursively; constexpr values tagged
+  with their type, including ``tl.constexpr``, ``tl.dtype`` and jit functions by their ``cache_key``;
+  ``triton.reinterpret`` tensors; host ``TensorDescriptor`` objects; ``do_not_specialize`` /
+  ``do_not_specialize_on_alignment`` honoured), defaults, the sorted launch options and the knob state
+  Triton folds in per call (every ``kwargs[...] = knobs.x.y`` the installed ``JITFunction.run`` makes).
+* **Miss.** Triton itself runs the call (``JITFunction.run``: it binds, compiles if needed, launches and
+  returns the ``CompiledKernel`` it chose). jitkey stores that kernel with where Triton keeps it
+  (``device_caches[device][0][key]``), so a hit can never pick a kernel Triton would not pick, and
+  whatever drops Triton's entry (``device_caches.clear()``, a source change) drops jitkey's.
+* **Hit.** The current stream is read on every call (``torch.cuda.stream()`` and CUDA-graph capture
+  work); launch hooks and ``launch_metadata`` are passed only when a hook chain is non-empty (checked per
+  call); globals the kernel reads are checked like Triton does; then ``ck.run(...)``, or the CUDA
+  launcher's C ``launch`` with the same arguments when ``CudaLauncher.__call__`` is code known to only
+  forward to it and the kernel needs no scratch buffer. The whole hit is one native call.
+* **Fallback.** Anything not proven safe goes through Triton's own path, counted per reason in
+  :meth:`TritonKernel.cache_stats` and logged once per kernel and reason on the ``jitkey.triton`` logger
+  (DEBUG): ``pre_run_hooks``, arguments outside the rules, unkeyable launch options, a Triton whose
+  internals do not look like the ones this package was written against, a non-CUDA driver, a
+  ``jit_cache_hook`` veto.
+
+``@triton.autotune`` / ``@triton.heuristics`` over ``@jitkey.triton.jit`` keep Triton's logic and launch
+through the fast path. :func:`jitkey.triton.autotune` is a persistent autotuner. :func:`install` routes
+every kernel decorated afterwards with ``triton.jit`` through jitkey (``pytest -p jitkey.pytest_plugin``
+does it for a test suite and reports the fast path's coverage); ``JITKEY_TRITON=plain`` makes
+:func:`jit` return plain Triton kernels.
+"""
+
+from __future__ import annotations
+
+try:
+    import triton as _triton  # noqa: F401
+except ImportError as _exc:  # pragma: no cover - exercised by the packaging tests
+    raise ImportError(
+        "jitkey.triton needs Triton: pip install 'jitkey[triton]' (or install triton yourself)"
+    ) from _exc
+
+from typing import Any
+
+from jitkey.triton._installed import Unkeyable, triton_info
+from jitkey.triton._kernel import TritonKernel, bind, install, installed, jit, plain, registry, uninstall
+from jitkey.triton.autotune import PersistentAutotuner, autotune
+
+__all__ = [
+    "PersistentAutotuner",
+    "TritonKernel",
+    "Unkeyable",
+    "autotune",
+    "bind",
+    "fast_paths",
+    "install",
+    "installed",
+    "jit",
+    "report",
+    "uninstall",
+]
+
+
+def fast_paths() -> dict[str, dict[str, Any]]:
+    """Which of this package's fast paths are on: name → ``{"on": bool, "why": str | None}``.
+
+    ``binding``: ``jit`` returns jitkey kernels (off under ``JITKEY_TRITON=plain``); ``native_launcher``:
+    warm launches run natively (off when the installed Triton's internals are not the ones jitkey knows);
+    ``direct_launch``: hits call the CUDA launcher's compiled ``launch`` rather than ``ck.run``.
+    """
+    info = triton_info()
+    return {
+        "binding": {"on": not plain(), "why": "JITKEY_TRITON=plain" if plain() else None},
+        "native_launcher": {"on": info.problem is None, "why": info.problem},
+        "direct_launch": {"on": info.launcher_call is not None, "why": info.launcher_problem},
+    }
+
+
+def report(top: int = 10) -> dict[str, Any]:
+    """What every jitkey kernel of this process did (the fast-path report of ``jitkey.pytest_plugin``).
+
+    ``kernels``, ``launches`` (hits + misses + fallbacks), ``hits``, ``misses`` (Triton ran the call,
+    compiling if needed), ``fallbacks`` and ``fallback_reasons``, ``warm_fast_path`` (hits / (hits +
+    fallbacks): the share of launches that did not compile and took the fast path) and the ``busiest``
+    kernels by launches.
+    """
+    from collections import Counter
+
+    total: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    per: Counter[str] = Counter()
+    per_detail: dict[str, dict[str, int]] = {}
+    stats = registry()
+    for ks in stats:
+        s = ks.snapshot()
+        n = s["hits"] + s["misses"] + s["fallbacks"]
+        for k in ("hits", "misses", "fallbacks"):
+            total[k] += s[k]
+        reasons.update(s["fallback_reasons"])
+        per[ks.name] += n
+        d = per_detail.setdefault(ks.name, {"launches": 0, "hits": 0, "misses": 0, "fallbacks": 0})
+        d["launches"] += n
+        for k in ("hits", "misses", "fallbacks"):
+            d[k] += s[k]
+    warm = total["hits"] + total["fallbacks"]
+    return {
+        "kernels": len(stats),
+        "launches": total["hits"] + total["misses"] + total["fallbacks"],
+        "hits": total["hits"],
+        "misses": total["misses"],
+        "fallbacks": total["fallbacks"],
+        "fallback_reasons": dict(reasons.most_common()),
+        "warm_fast_path": (total["hits"] / warm) if warm else None,
+        "busiest": [{"kernel": name, **per_detail[name]} for name, _ in per.most_common(top)],
+    }

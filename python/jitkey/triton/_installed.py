@@ -1,0 +1,255 @@
+"""What ``jitkey.triton`` knows about the installed Triton: its per-call knob reads, its launcher, the CUDA
+runtime getters, and how Triton's own objects are keyed.
+
+Everything here is feature detection, done once per process: anything that does not look exactly like the
+Triton code this package was written against turns the fast path off (every launch then goes through
+Triton's own ``JITFunction.run``, counted with the reason) rather than guessing.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from jitkey.errors import ArgumentError
+
+
+class Unkeyable(ArgumentError):
+    """A call the kernel's rules cannot key (a :class:`jitkey.errors.ArgumentError`, so a ``TypeError``).
+
+    Inside a launch it never reaches the caller: the call goes through Triton's own path instead and is
+    counted as a fallback with :attr:`reason`. :meth:`jitkey.triton.TritonKernel.key_of` raises it.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class TritonInfo:
+    """What this package needs from the installed Triton, or why it cannot have it (``problem``)."""
+
+    def __init__(self) -> None:
+        import triton
+        from triton import knobs
+        from triton.runtime.jit import JITFunction
+
+        self.problem: str | None = None
+        self.version = str(getattr(triton, "__version__", "?"))
+        self.JITFunction = JITFunction
+        #: ``JITFunction.run`` as it was when it was inspected; a later patch of it turns the fast path off.
+        self.run = JITFunction.run
+        self.knobs = knobs
+        self.HookChain: type | None = getattr(knobs, "HookChain", None)
+        self.knob_reads: list[tuple[str, str, str]] = []  # (kwarg name, knobs section, attribute)
+        self.checks_stages_hook = False
+        # CudaLauncher.__call__ when its code is exactly one this package knows (see _FORWARDING_CALLS),
+        # else None: then a hit calls ck.run, never the launcher's C function directly.
+        self.launcher_call: Callable[..., Any] | None = None
+        self.launcher_problem: str | None = None
+        try:
+            src = inspect.getsource(JITFunction.run)
+        except Exception as exc:  # no source: never fast-path
+            self.problem = f"cannot read JITFunction.run ({type(exc).__name__}: {exc})"
+            return
+        self.problem = self._scan_run(src)
+        self.launcher_call, self.launcher_problem = _known_launcher_call(self.version)
+
+    def _scan_run(self, src: str) -> str | None:
+        """Read ``JITFunction.run``'s per-call knob reads; anything unexpected disables the fast path."""
+        for name, rhs in re.findall(r"kwargs\[\s*[\"'](\w+)[\"']\s*\]\s*=\s*(.+)", src):
+            rhs = rhs.strip()
+            if name == "debug":
+                if rhs != 'kwargs.get("debug", self.debug) or knobs.runtime.debug':
+                    return f"triton {self.version}: unexpected debug rule in JITFunction.run: {rhs}"
+                continue
+            m = re.fullmatch(r"knobs\.(\w+)\.(\w+)", rhs)
+            if m is None:
+                return f"triton {self.version}: JITFunction.run sets kwargs[{name!r}] = {rhs} (unknown rule)"
+            self.knob_reads.append((name, m.group(1), m.group(2)))
+        known = {("runtime", a) for a in ("debug", "launch_enter_hook", "launch_exit_hook")}
+        known |= {("runtime", "add_stages_inspection_hook")} | {(s, a) for _, s, a in self.knob_reads}
+        for ref in sorted(set(re.findall(r"knobs\.(\w+)\.(\w+)", src)) - known):
+            return f"triton {self.version}: JITFunction.run reads knobs.{ref[0]}.{ref[1]} (unknown to jitkey)"
+        self.checks_stages_hook = "add_stages_inspection_hook" in src
+        for needed in ("self.pre_run_hooks", "self.used_global_vals", "kernel.run(", "launch_metadata"):
+            if needed not in src:
+                return f"triton {self.version}: JITFunction.run no longer uses {needed}"
+        if "grid(bound_args)" not in src:
+            return f"triton {self.version}: JITFunction.run calls a callable grid differently"
+        if "self.device_caches[device]" not in src or "kernel_cache.get(key" not in src:
+            return f"triton {self.version}: JITFunction.run keeps its kernels differently"
+        return None
+
+
+# The code of CudaLauncher.__call__ (whitespace-normalized, comments dropped) in the Triton versions jitkey knows.
+# Each one only allocates scratch buffers when a size is > 0 and otherwise forwards its arguments to
+# ``self.launch`` (the compiled C launcher) with ``launch_cooperative_grid, launch_pdl, None, None``
+# inserted after ``function``. For a kernel whose scratch sizes are both <= 0, a hit may therefore call
+# ``self.launch`` itself with exactly the arguments ``ck.run`` would pass, skipping one Python frame
+# (and its closure allocation) per launch. Any other code (a new Triton, a patch) keeps ``ck.run``.
+_FORWARDING_CALLS = (
+    """def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+def allocate_scratch(size, align, allocator):
+if size > 0:
+grid_size = gridX * gridY * gridZ
+alloc_size = grid_size * self.num_ctas * size
+alloc_fn = allocator.get()
+return alloc_fn(alloc_size, align, stream)
+return None
+global_scratch = allocate_scratch(self.global_scratch_size, self.global_scratch_align, _allocation._allocator)
+profile_scratch = allocate_scratch(self.profile_scratch_size, self.profile_scratch_align,
+_allocation._profile_allocator)
+self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,
+global_scratch, profile_scratch, *args)""",
+)
+
+
+def _normalized_source(f: Any) -> str:
+    lines = (ln.strip() for ln in inspect.getsource(f).splitlines())
+    return "\n".join(ln for ln in lines if ln and not ln.startswith("#"))
+
+
+def _known_launcher_call(version: str) -> tuple[Callable[..., Any] | None, str | None]:
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        call = CudaLauncher.__call__
+        if _normalized_source(call) in _FORWARDING_CALLS:
+            return call, None
+        return None, f"triton {version}: CudaLauncher.__call__ is not code jitkey knows (hits call ck.run)"
+    except Exception as exc:  # no nvidia backend, no source: keep ck.run
+        return None, f"no readable CUDA launcher ({type(exc).__name__}: {exc})"
+
+
+@functools.cache
+def triton_info() -> TritonInfo:
+    info = TritonInfo()
+    _register_key_adapters()
+    return info
+
+
+def launch_target(run: Any, packed_metadata: Any) -> tuple[Any, tuple[Any, ...]]:
+    """``(target, mid)`` for a hit: ``target(gx, gy, gz, stream, function, *mid, md, enter, exit, *args)``.
+
+    ``ck.run`` with ``mid = (packed_metadata,)``; or, when ``ck.run`` is a ``CudaLauncher`` whose
+    ``__call__`` is code jitkey knows to only forward (see ``_FORWARDING_CALLS``) and the kernel needs no
+    scratch buffer, the launcher's own ``launch`` with the arguments that ``__call__`` would insert.
+    """
+    call = triton_info().launcher_call
+    if call is not None and type(run).__call__ is call:
+        try:
+            sizes = (run.global_scratch_size, run.profile_scratch_size)
+            if all(type(x) is int and x <= 0 for x in sizes):
+                return run.launch, (run.launch_cooperative_grid, run.launch_pdl, None, None, packed_metadata)
+        except AttributeError:
+            pass
+    return run, (packed_metadata,)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The CUDA runtime getters
+# ---------------------------------------------------------------------------------------------------------
+
+
+class Runtime:
+    """Device/stream getters, resolved once the first launch shows a working CUDA driver."""
+
+    def __init__(self) -> None:
+        from triton.runtime.driver import driver
+
+        drv = driver.active
+        target = drv.get_current_target()
+        if getattr(target, "backend", None) != "cuda":
+            raise Unkeyable(f"driver backend {getattr(target, 'backend', None)!r} is not 'cuda'")
+        import torch
+
+        get_device = drv.get_current_device
+        get_stream = drv.get_current_stream
+        # The driver's getters are torch.cuda.current_device (a Python wrapper around _cuda_getDevice)
+        # and _cuda_getCurrentRawStream. Use the C functions only when the driver still uses those.
+        if get_device is torch.cuda.current_device and hasattr(torch._C, "_cuda_getDevice"):
+            get_device = torch._C._cuda_getDevice
+        self.get_device: Callable[[], int] = get_device
+        self.get_stream: Callable[[int], int] = get_stream
+
+
+_runtime_lock = threading.Lock()
+runtime: Runtime | None = None
+runtime_problem: str | None = None
+
+
+def get_runtime() -> Runtime | None:
+    """The CUDA runtime getters, or ``None`` (then ``runtime_problem`` says why, if it is permanent).
+
+    A driver error (no GPU, no CUDA) is not cached: Triton's own path raises the real error to the caller,
+    and a later call tries again.
+    """
+    global runtime, runtime_problem
+    if runtime is None and runtime_problem is None:
+        with _runtime_lock:
+            if runtime is None and runtime_problem is None:
+                try:
+                    runtime = Runtime()
+                except Unkeyable as exc:
+                    runtime_problem = exc.reason
+                except Exception:
+                    return None
+    return runtime
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Keys of Triton's own objects
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _constexpr_key(c: Any) -> Any:
+    return c.value
+
+
+def _dtype_key(d: Any) -> Any:
+    return d.name
+
+
+def _callable_key(f: Any) -> Any:
+    # Triton keys a JITCallable (a jit function passed as an argument, a constexpr function) by its
+    # cache_key: its source, its dependencies and the constexpr globals it reads.
+    return f.cache_key
+
+
+def _wrapper_key(w: Any) -> Any:
+    # triton.reinterpret(tensor, dtype): Triton specializes it as a pointer to ``dtype`` and on the
+    # 16-byte alignment of its data pointer (the alignment bit is always kept: finer is safe).
+    return (w.dtype, w.data_ptr() & 15 == 0)
+
+
+def _descriptor_key(d: Any) -> Any:
+    # A host TensorDescriptor: Triton's type is ``tensordesc<dtype[block_shape]>``; shape and strides
+    # are runtime arguments. The padding mode is kept too (finer than Triton's key).
+    return (d.base.dtype, tuple(d.block_shape), d.padding)
+
+
+def _register_key_adapters() -> None:
+    """Key Triton's argument types like Triton's own specialization does (see ``_core._register_key_adapter``).
+
+    Exact types only where a subclass could carry more than the adapter reads (``tl.dtype``'s subclasses:
+    pointer and block types).
+    """
+    import triton.language as tl
+    from triton.runtime.jit import JITCallable, TensorWrapper
+
+    from jitkey._core import _register_key_adapter
+
+    _register_key_adapter(tl.constexpr, _constexpr_key)
+    _register_key_adapter(tl.dtype, _dtype_key)
+    _register_key_adapter(JITCallable, _callable_key, subclasses=True)
+    _register_key_adapter(TensorWrapper, _wrapper_key)
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:  # pragma: no cover - a Triton without host descriptors
+        return
+    _register_key_adapter(TensorDescriptor, _descriptor_key)

@@ -1,0 +1,478 @@
+"""The jitkey Triton kernel: a ``triton.runtime.JITFunction`` whose warm launches skip Triton's per-call
+Python dispatch. See the package docstring (``jitkey.triton``) for the contract."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import threading
+import weakref
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from triton.runtime.jit import JITFunction
+from triton.runtime.jit import jit as _TRITON_JIT
+
+from jitkey._core import LruCache, Signature, _KernelBase, _TritonEntry, _TritonLauncher
+from jitkey.errors import GlobalsChangedError, JitKeyError
+from jitkey.triton import _installed
+from jitkey.triton._installed import Unkeyable, launch_target, triton_info
+
+_log = logging.getLogger("jitkey.triton")
+_MISSING = object()
+_CAPACITY = 4096  # compiled variants kept per kernel (an LRU: the least recently used is dropped)
+
+
+def plain() -> bool:
+    """Whether ``JITKEY_TRITON=plain`` asks for plain Triton kernels (read at each decoration)."""
+    return os.environ.get("JITKEY_TRITON", "").strip().lower() == "plain"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Per-kernel statistics, kept past the kernel's lifetime for the fast-path report
+# ---------------------------------------------------------------------------------------------------------
+
+
+class KernelStats:
+    """What one kernel's launches did: ``hits``, ``misses`` (Triton ran the call) and fallbacks by reason."""
+
+    __slots__ = ("_cache", "fallbacks", "final", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.fallbacks: Counter[str] = Counter()
+        self._cache: LruCache | None = None
+        self.final: dict[str, int] | None = None
+
+    def snapshot(self) -> dict[str, Any]:
+        if self.final is not None:
+            cs = self.final
+        elif self._cache is not None:
+            s = self._cache.stats()
+            cs = {"hits": int(s["hits"]), "misses": int(s["misses"]), "entries": int(s["size"])}
+        else:
+            cs = {"hits": 0, "misses": 0, "entries": 0}
+        return {**cs, "fallbacks": sum(self.fallbacks.values()), "fallback_reasons": dict(self.fallbacks)}
+
+    def _freeze(self) -> None:  # the kernel is gone: keep the numbers, not its cache
+        if self._cache is not None:
+            snap = self.snapshot()
+            self.final = {k: snap[k] for k in ("hits", "misses", "entries")}
+            self._cache = None
+
+
+_registry_lock = threading.Lock()
+_registry: list[KernelStats] = []
+
+
+def registry() -> list[KernelStats]:
+    """Every jitkey kernel made in this process (its statistics; the kernels may be gone)."""
+    with _registry_lock:
+        return list(_registry)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The kernel
+# ---------------------------------------------------------------------------------------------------------
+
+
+class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
+    """A ``triton.runtime.JITFunction`` whose warm ``kernel[grid](...)`` runs in one native call.
+
+    Everything but the warm launch is Triton's: it is constructed like ``JITFunction`` (``jit`` passes
+    ``triton.jit``'s options through), and ``fn``, ``src``, ``cache_key``, ``params``, ``device_caches``,
+    ``warmup``, ``preload``, ``repr``, ``noinline``, hooks, use as a helper from other kernels, and
+    torch.compile all behave as they do on a plain ``JITFunction``. ``kernel[grid]`` is implemented in C
+    (``jitkey._core._KernelBase``) once the native launcher is built. The jitkey-specific API is
+    :meth:`cache_stats`, :meth:`key_of` and :attr:`fast_path_problem`.
+    """
+
+    def __init__(self, fn: Any, *args: Any, **kwargs: Any) -> None:
+        JITFunction.__init__(self, fn, *args, **kwargs)
+        self._jk_setup()
+
+    @classmethod
+    def _of(cls, jit_fn: Any) -> TritonKernel:
+        """A jitkey kernel of ``jit_fn``'s function with ``jit_fn``'s options, source and hooks (a copy of the
+        hook list). It has its own compiled kernels, like any other ``JITFunction`` (Triton's disk cache makes
+        its first compile cheap), so its ``cache_key``/globals state and ``jit_fn``'s never mix."""
+        k = cls(
+            jit_fn.fn,
+            version=jit_fn.version,
+            do_not_specialize=jit_fn.do_not_specialize,
+            do_not_specialize_on_alignment=jit_fn.do_not_specialize_on_alignment,
+            debug=jit_fn.debug,
+            noinline=jit_fn.noinline,
+            repr=jit_fn._repr,
+            launch_metadata=jit_fn.launch_metadata,
+        )
+        if jit_fn.src != k.src:  # an _unsafe_update_src on jit_fn
+            k._unsafe_update_src(jit_fn.src)
+        k.pre_run_hooks.extend(jit_fn.pre_run_hooks)
+        return k
+
+    def _jk_setup(self) -> None:
+        self._jk_lock = threading.Lock()
+        self._jk_launch: Callable[..., Any] | None = None
+        self._jk_key_launcher: Any = None
+        self._jk_ugv_src: object = None
+        self._jk_ugv_snap: list[list[Any]] = []
+        self._jk_logged: set[str] = set()
+        self._jk_stats = KernelStats(f"{self.fn.__module__}:{self.fn.__qualname__}")
+        self._jk_sig: Signature | None = None
+        self._jk_cache: LruCache | None = None
+        #: Why this kernel always takes Triton's own path (``None``: it has the fast path).
+        self.fast_path_problem: str | None = self._check_static()
+        if self.fast_path_problem is None:
+            try:
+                self._jk_sig = Signature(_params(self))
+            except JitKeyError as exc:  # a rule jitkey cannot build: Triton's path, never an error here
+                self.fast_path_problem = f"{type(exc).__name__}: {exc}"
+        if self.fast_path_problem is None:
+            self._jk_cache = LruCache(_CAPACITY)
+            self._jk_stats._cache = self._jk_cache
+        with _registry_lock:
+            _registry.append(self._jk_stats)
+        weakref.finalize(self, self._jk_stats._freeze)
+
+    def _check_static(self) -> str | None:
+        info = triton_info()
+        if info.problem is not None:
+            return info.problem
+        for p in self.signature.parameters.values():
+            if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+                return f"parameter {p.name!r} is variadic"
+        if len(self.signature.parameters) != len(self.params):
+            return "JITFunction.params does not match its signature"
+        return None
+
+    # -- Triton's entry points -------------------------------------------------------------------------
+    def _jk_triton_run(self, *args: Any, **kwargs: Any) -> Any:
+        """Triton's own ``JITFunction.run`` (looked up per call, so a patch of it is honoured)."""
+        return JITFunction.run(self, *args, **kwargs)
+
+    def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        """``JITFunction.run``: ``warmup=False`` is a (fast-path) launch; ``warmup=True`` is Triton's."""
+        if warmup:
+            return self._jk_triton_run(*args, grid=grid, warmup=True, **kwargs)
+        return self[grid](*args, **kwargs)
+
+    # -- jitkey's API ----------------------------------------------------------------------------------
+    def cache_stats(self) -> dict[str, Any]:
+        """``hits``, ``misses``, ``entries``, ``fallbacks`` (total) and ``fallback_reasons`` ({reason: n})."""
+        return {**self._jk_stats.snapshot(), "fast_path_problem": self.fast_path_problem}
+
+    def key_of(self, args: Iterable[Any], kwargs: dict[str, Any] | None = None, *, device: int) -> bytes:
+        """The key bytes a call with ``args``/``kwargs`` on ``device`` would use (raises :class:`Unkeyable`
+        or :class:`jitkey.errors.ArgumentError` where a launch would fall back). No lookup, no launch, no
+        GPU needed."""
+        if self.fast_path_problem is not None:
+            raise Unkeyable(self.fast_path_problem)
+        info = triton_info()
+        if (
+            info.checks_stages_hook
+            and getattr(info.knobs.runtime, "add_stages_inspection_hook", None) is not None
+        ):
+            raise Unkeyable("knobs.runtime.add_stages_inspection_hook is set")
+        if self._jk_key_launcher is None:  # built once: key_of is for tests and debugging, not a hot path
+            self._jk_key_launcher = self._jk_native_launcher(None)
+        return bytes(self._jk_key_launcher.key(tuple(args), dict(kwargs or {}), device))
+
+    # -- the launch ------------------------------------------------------------------------------------
+    def _subscript(self, grid: Any) -> Callable[..., Any]:
+        """``self[grid]`` until the native launcher is set (then ``_KernelBase.__getitem__`` is C)."""
+        launch = self._jk_launch
+        if launch is None:
+            launch = self._jk_make_launch()
+        if self.pre_run_hooks:
+            # Triton's own path, with the caller's exact args/kwargs for the hooks.
+            def call(*args: Any, **kwargs: Any) -> Any:
+                return self._jk_fallback("pre_run_hooks", grid, args, kwargs)
+
+            return call
+        return functools.partial(launch, grid)
+
+    def _jk_make_launch(self) -> Callable[..., Any]:
+        with self._jk_lock:
+            if self._jk_launch is not None:
+                return self._jk_launch
+            problem = self.fast_path_problem
+            if problem is None and triton_info().run is not JITFunction.run:
+                problem = "JITFunction.run is patched"
+            if problem is not None:
+                reason = problem
+
+                def slow(grid: Any, *args: Any, **kwargs: Any) -> Any:
+                    return self._jk_fallback(reason, grid, args, kwargs)
+
+                self._jk_launch = slow
+                return slow
+            rt = _installed.get_runtime()
+            if rt is None:
+                why = _installed.runtime_problem or "no CUDA runtime"
+
+                def no_rt(grid: Any, *args: Any, **kwargs: Any) -> Any:
+                    # Resolved again next time (the driver may come up later); Triton raises the real error.
+                    return self._jk_fallback(why, grid, args, kwargs)
+
+                if _installed.runtime_problem is not None:
+                    self._jk_launch = no_rt
+                return no_rt
+            launcher = self._jk_native_launcher(rt)
+            self._set_launcher(launcher)  # from now on, self[grid] is C
+            self._jk_launch = launcher.launch
+            return self._jk_launch
+
+    def _jk_native_launcher(self, rt: _installed.Runtime | None) -> Any:
+        """A ``_TritonLauncher`` over this kernel's signature and cache (``rt=None``: for :meth:`key_of`)."""
+        info = triton_info()
+        assert self._jk_sig is not None and self._jk_cache is not None
+        npos = sum(
+            p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in self.signature.parameters.values()
+        )
+        return _TritonLauncher(
+            self._jk_sig,
+            self._jk_cache,
+            self,
+            info.knobs.runtime,
+            [(getattr(info.knobs, section), attr) for _name, section, attr in info.knob_reads],
+            info.checks_stages_hook,
+            rt.get_device if rt is not None else _no_runtime,
+            rt.get_stream if rt is not None else _no_runtime,
+            info.HookChain,
+            self._jk_miss,
+            self._jk_native_fallback,
+            self._jk_check_globals,
+            npos,
+        )
+
+    def _jk_fallback(self, reason: str, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self._jk_stats.fallbacks[reason] += 1
+        if reason not in self._jk_logged:
+            self._jk_logged.add(reason)
+            _log.debug("%s: launch goes through Triton's own path: %s", self._jk_stats.name, reason)
+        return self._jk_triton_run(*args, grid=grid, warmup=False, **kwargs)
+
+    def _jk_native_fallback(
+        self, reason: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if isinstance(reason, BaseException):
+            reason = reason.reason if isinstance(reason, Unkeyable) else f"{type(reason).__name__}: {reason}"
+        return self._jk_fallback(str(reason), grid, args, kwargs)
+
+    def _jk_miss(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        """A miss: Triton runs the call; returns (what Triton returned, the entry to store or None)."""
+        ck = self._jk_triton_run(*args, grid=grid, warmup=False, **kwargs)
+        if ck is None:  # a knobs.runtime.jit_cache_hook vetoed the compile (Triton launched nothing)
+            self._jk_stats.fallbacks["jit_cache_hook vetoed the compile"] += 1
+            return None, None
+        if hasattr(ck, "result"):  # async compile future
+            ck = ck.result()
+        try:
+            if hasattr(ck, "_init_handles"):
+                ck._init_handles()
+            run, function, pm = ck.run, ck.function, ck.packed_metadata
+            ck.launch_metadata  # noqa: B018 - must exist for the hook path
+        except AttributeError as exc:
+            self._jk_stats.fallbacks[f"CompiledKernel lacks {exc.name or exc}"] += 1
+            return ck, None
+        if function is None:
+            self._jk_stats.fallbacks["CompiledKernel.function is None after _init_handles"] += 1
+            return ck, None
+        where = self._jk_where(ck)
+        if where is None:  # not provably Triton's cached kernel: no entry (the next call asks Triton again)
+            return ck, None
+        target, mid = launch_target(run, pm)
+        return ck, _TritonEntry(ck, target, function, mid, *where)
+
+    def _jk_where(self, ck: Any) -> tuple[dict[Any, Any], Any] | None:
+        """``(kernel_cache, key)``: where Triton keeps ``ck`` for the current device (see ``_TritonEntry``)."""
+        rt = _installed.runtime
+        if rt is None:
+            return None
+        try:
+            per_device = dict.get(self.device_caches, rt.get_device())
+            kcache = per_device[0] if per_device else None
+            if type(kcache) is not dict:
+                return None
+            for k, v in list(kcache.items()):
+                if v is ck:
+                    return kcache, k
+        except Exception:  # a patched device_caches: Triton's own path decides every call
+            return None
+        return None
+
+    def _jk_check_globals(self) -> None:
+        """Triton's ``used_global_vals`` check; identity short-cut only for immutable builtin values."""
+        ugv = self.used_global_vals
+        if ugv is not self._jk_ugv_src:
+            with self._jk_lock:
+                snap = []
+                for (name, _), (val, gdict) in ugv.items():
+                    cur = gdict.get(name, _MISSING)
+                    imm = type(val) in (int, float, bool, str, bytes, type(None))
+                    snap.append([gdict, name, val, cur, imm])
+                self._jk_ugv_snap, self._jk_ugv_src = snap, ugv
+        for item in self._jk_ugv_snap:
+            gdict, name, val, seen, imm = item
+            cur = gdict.get(name, _MISSING)
+            if imm and cur is seen:
+                continue
+            if cur != val:
+                raise GlobalsChangedError(
+                    f"Global variable {name} has changed since we compiled this kernel, from {val} to {cur}"
+                )
+            item[3] = cur
+
+
+def _no_runtime(*_args: Any) -> Any:
+    raise RuntimeError("jitkey.triton: this launcher only builds keys")
+
+
+def _params(kernel: Any) -> list[Any]:
+    """``rules.triton(kernel)`` with every default the rules cannot key dropped (with the defaults before it,
+    which must stay trailing): a call that leaves such a parameter out does not bind natively and goes to
+    Triton's own path, counted, instead of the decoration failing."""
+    from jitkey import rules
+
+    params = list(rules.triton(kernel))
+    last_bad = -1
+    for i, p in enumerate(params):
+        if len(p) == 3:
+            try:
+                Signature([p])
+            except JitKeyError:
+                last_bad = i
+    return [p[:2] if i <= last_bad else p for i, p in enumerate(params)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Decoration
+# ---------------------------------------------------------------------------------------------------------
+
+
+def bind(fn: Any) -> TritonKernel:
+    """A jitkey kernel for an existing ``triton.jit`` kernel.
+
+    The result is a new ``JITFunction`` (a :class:`TritonKernel`) of ``fn``'s function with its options,
+    source and pre-run hooks (as they are at the call); ``fn`` itself is unchanged, and the two keep their
+    compiled kernels apart, as two ``triton.jit`` kernels of one function do. A :class:`TritonKernel` is returned as it is. Anything
+    else (``@triton.autotune``/``@triton.heuristics`` objects: put ``jitkey.triton.jit`` under them;
+    plain functions; Triton's interpreter objects) raises ``TypeError``.
+    """
+    if isinstance(fn, TritonKernel):
+        return fn
+    if type(fn) is JITFunction:
+        return TritonKernel._of(fn)
+    if isinstance(fn, JITFunction):
+        raise TypeError(
+            f"jitkey.triton.bind: {type(fn).__module__}.{type(fn).__qualname__} is a JITFunction subclass "
+            "jitkey does not know; use it as it is"
+        )
+    what = f"{type(fn).__module__}.{type(fn).__qualname__}"
+    hint = ""
+    if hasattr(fn, "fn") and hasattr(fn, "run"):
+        hint = " (for @triton.autotune / @triton.heuristics, put @jitkey.triton.jit under the decorator)"
+    raise TypeError(f"jitkey.triton.bind takes a triton.jit kernel, not {what}{hint}")
+
+
+def jit(
+    fn: Any = None,
+    *,
+    version: Any = None,
+    repr: Callable[..., Any] | None = None,
+    launch_metadata: Callable[..., Any] | None = None,
+    do_not_specialize: Iterable[int | str] | None = None,
+    do_not_specialize_on_alignment: Iterable[int | str] | None = None,
+    debug: bool | None = None,
+    noinline: bool | None = None,
+) -> Any:
+    """``triton.jit`` with the same arguments, returning a :class:`TritonKernel`.
+
+    Under ``TRITON_INTERPRET=1`` (Triton's interpreter) and with ``JITKEY_TRITON=plain`` it returns what
+    ``triton.jit`` returns.
+    """
+    opts = {
+        "version": version,
+        "repr": repr,
+        "launch_metadata": launch_metadata,
+        "do_not_specialize": do_not_specialize,
+        "do_not_specialize_on_alignment": do_not_specialize_on_alignment,
+        "debug": debug,
+        "noinline": noinline,
+    }
+
+    def decorator(f: Any) -> Any:
+        from triton import knobs
+
+        if knobs.runtime.interpret or plain():
+            return _TRITON_JIT(f, **opts)
+        assert callable(f)
+        return TritonKernel(f, **opts)
+
+    return decorator if fn is None else decorator(fn)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# install(): route triton.jit through jitkey
+# ---------------------------------------------------------------------------------------------------------
+
+_install_lock = threading.Lock()
+_saved: list[tuple[Any, str, Any]] | None = None
+
+
+def _is_triton_own(f: Any) -> bool:
+    module = str(getattr(f, "__module__", "") or "")
+    return module == "triton" or module.startswith("triton.")
+
+
+def _routed_jit(fn: Any = None, **kwargs: Any) -> Any:
+    """``triton.jit`` while :func:`install` is in effect: user kernels become jitkey kernels,
+    Triton's own library kernels stay Triton's."""
+
+    def decorator(f: Any) -> Any:
+        if _is_triton_own(f):
+            return _TRITON_JIT(f, **kwargs)
+        return jit(f, **kwargs)
+
+    return decorator if fn is None else decorator(fn)
+
+
+functools.update_wrapper(_routed_jit, _TRITON_JIT, assigned=("__doc__",))
+
+
+def install() -> None:
+    """Route every kernel decorated from now on with ``triton.jit`` (``triton.jit``,
+    ``triton.runtime.jit.jit``) through jitkey. Kernels defined in Triton's own modules stay Triton's;
+    kernels decorated before the call are unchanged. Idempotent; undone by :func:`uninstall`."""
+    global _saved
+    import triton
+    from triton.runtime import jit as jit_module
+
+    with _install_lock:
+        if _saved is not None:
+            return
+        targets = [(triton, "jit"), (jit_module, "jit")]
+        _saved = [(obj, name, getattr(obj, name)) for obj, name in targets]
+        for obj, name in targets:
+            setattr(obj, name, _routed_jit)
+
+
+def uninstall() -> None:
+    """Undo :func:`install` (kernels already made stay jitkey kernels)."""
+    global _saved
+    with _install_lock:
+        if _saved is None:
+            return
+        for obj, name, value in _saved:
+            if getattr(obj, name, None) is _routed_jit:
+                setattr(obj, name, value)
+        _saved = None
+
+
+def installed() -> bool:
+    """Whether :func:`install` is in effect."""
+    return _saved is not None

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Real clients of jitkey.triton on the GPU: a suite run plain and under `-p jitkey.pytest_plugin`, compared.
+#
+#   scripts/gpu_clients.sh SUITE [pytest args...]
+#     SUITE = triton: Triton 3.6's own python/test/unit (copy ../shared/clients/triton-3.6 to .clients/triton)
+#     SUITE = liger:  Liger-Kernel's test/ with its src/ (a snapshot of the repository in .clients/liger)
+#
+# Needs jitkey importable (PYTHONPATH) and pytest-xdist. Writes JUnit XML, the fast-path report and the
+# comparison under $OUT (or ./gpu_clients_out). Each run gets its own TRITON_CACHE_DIR, so both compile.
+# SUITE_TIMEOUT (s) stops a run with SIGINT: pytest still writes the JUnit XML of the tests it finished.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+suite="$1"; shift
+OUTDIR="${OUT:-$PWD/gpu_clients_out}"; mkdir -p "$OUTDIR"
+PY="${PYTHON:-python3}"
+root="$PWD"
+case "$suite" in
+  triton) dir=.clients/triton ;;
+  liger) dir=.clients/liger; export PYTHONPATH="$root/.clients/liger/src:$root/.clients/liger${PYTHONPATH:+:$PYTHONPATH}" ;;
+  *) echo "unknown suite $suite"; exit 2 ;;
+esac
+# The suite's own settings only: without an ini of its own, pytest would take jitkey's pyproject.toml (the
+# suite sits inside this repository), whose filterwarnings=error and addopts are not the suite's.
+[[ -e "$dir/pytest.ini" || -e "$dir/pyproject.toml" || -e "$dir/setup.cfg" ]] || printf '[pytest]\n' > "$dir/pytest.ini"
+run() {  # $1 = plain|jitkey
+  local tag="$1"; shift
+  local plugin=(-p jitkey.pytest_plugin --jitkey-report-json="$OUTDIR/$suite-$tag-report.json")
+  [[ "$tag" == plain ]] && plugin+=(--jitkey-off)
+  ( cd "$dir" && TRITON_CACHE_DIR="$(mktemp -d)" timeout -s INT -k 30 "${SUITE_TIMEOUT:-280}" "$PY" -m pytest -q -p no:cacheprovider \
+      --tb=line -o junit_family=xunit2 --junitxml="$OUTDIR/$suite-$tag.xml" "${plugin[@]}" "$@" ) \
+      > "$OUTDIR/$suite-$tag.log" 2>&1
+  echo "[$suite/$tag] exit $? · $(tail -n 1 "$OUTDIR/$suite-$tag.log")"
+}
+run plain "$@"
+run jitkey "$@"
+grep -A 12 "jitkey fast-path report" "$OUTDIR/$suite-jitkey.log" | head -n 14
+"$PY" scripts/compare_junit.py "$OUTDIR/$suite-plain.xml" "$OUTDIR/$suite-jitkey.xml" --json "$OUTDIR/$suite-compare.json" | head -n 40
