@@ -18,20 +18,23 @@ TRITON_LATEST_STAMP := $(TRITON_LATEST_DIR)/.installed-$(TRITON_LATEST)
 # Every test/bench module that imports triton (new ones join the matrix automatically).
 TRITON_TESTS = $(shell grep -lE '^[[:space:]]*(import triton|from triton[ .]|.*importorskip..triton)' tests/test_*.py benches/test_*.py)
 
-.PHONY: all venv build test test-rust test-python test-triton-latest bench lint format wheel clean
+.PHONY: all venv build test test-rust test-python test-triton-latest bench lint format wheel sdist install-check clean redis-server
 
 all: lint test
 
 $(DEPS_STAMP): requirements-dev.txt
-	@test -x $(PY) || python3 -m venv $(VENV)
+	@test -x $(PY) || { echo "[make] creating $(VENV)"; python3 -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-dev.txt
+	@echo "[make] installing the pinned dependencies of requirements-dev.txt into $(VENV) (first run: about 3 GB"
+	@echo "[make] of wheels, torch's CUDA libraries included; several minutes; pip lists what it installs)"
+	set -o pipefail; $(PY) -m pip install --progress-bar off -r requirements-dev.txt | { grep -v '^Requirement already satisfied' || true; }
 	@rm -f $(VENV)/.deps-*; touch $@
 
 venv: $(DEPS_STAMP)
 
 ## build: compile the extension (release, lto) into the venv
 build: venv
+	@echo "[make] building the extension ($(CARGO_PROFILE) profile; the first release build takes a few minutes)"
 	$(MATURIN) develop -q --profile $(CARGO_PROFILE)
 
 ## test: every test: the Rust core, then pytest (tests + benches as correctness checks), then the Triton matrix
@@ -41,8 +44,19 @@ test: build test-rust test-python
 test-rust:
 	cargo test -p jitkey-core
 
-test-python: build
+test-python: build redis-server
 	JITKEY_EXPECT_TRITON=$(TRITON_PINNED) $(PY) -m pytest -q $(PYTEST_ARGS)
+
+## redis-server: the Redis tier tests' server (Debian's package), installed quietly with apt when missing and
+## apt is usable (root); otherwise those tests skip with the reason (and fail under CI=true).
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing redis-server with apt-get (for tests/test_remote.py)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      redis-server; } >/dev/null 2>&1 || echo "warning: apt-get could not install redis-server"; \
+	  fi; \
+	  command -v redis-server >/dev/null 2>&1 || echo "note: no redis-server: the Redis tests skip (CI=true: they fail)"; }
 
 $(TRITON_LATEST_STAMP): | venv
 	rm -rf $(TRITON_LATEST_DIR)
@@ -71,8 +85,28 @@ format: venv
 	$(VENV)/bin/ruff format python tests benches examples
 	$(VENV)/bin/ruff check --fix python tests benches examples
 
-wheel: venv
-	$(MATURIN) build --release --out dist
+RELEASE_STAMP := $(VENV)/.release-$(shell cat requirements-release.txt | sha1sum | cut -c1-12)
+$(RELEASE_STAMP): requirements-release.txt | venv
+	@echo "[make] installing the release tools (ziglang, auditwheel) into $(VENV)"
+	$(PY) -m pip install -q -r requirements-release.txt
+	@rm -f $(VENV)/.release-*; touch $@
+
+## wheel: the release wheel, manylinux_2_28 abi3 (linked against glibc 2.28 through zig), checked by auditwheel
+wheel: $(RELEASE_STAMP)
+	rm -f dist/jitkey-*.whl
+	$(MATURIN) build --release --zig --compatibility manylinux_2_28 --out dist
+	$(VENV)/bin/auditwheel show dist/jitkey-*.whl | tee dist/auditwheel.txt
+	@grep -q 'manylinux_2_28_x86_64' dist/auditwheel.txt || { echo "auditwheel: not manylinux_2_28"; exit 1; }
+
+## sdist: the source distribution (builds with pip/maturin anywhere Rust is installed)
+sdist: venv
+	rm -f dist/jitkey-*.tar.gz
+	$(MATURIN) sdist --out dist
+
+## install-check: fresh venvs install the wheel and the sdist; `jitkey info`, `jitkey cache info` and the
+## README's snippets run against each (what a user gets from `pip install`)
+install-check: wheel sdist
+	bash scripts/install_check.sh dist
 
 clean:
 	rm -rf target dist $(VENV) $(TRITON_LATEST_DIR)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,11 @@ def run_bench(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
     return subprocess.run(
         [sys.executable, "-m", "jitkey", "bench", *args], capture_output=True, text=True, timeout=300, env=env
     )
+
+
+def _has_gpu() -> bool:
+    torch = pytest.importorskip("torch")
+    return bool(torch.cuda.is_available())
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +46,7 @@ def test_quick_run_writes_valid_json_with_every_cpu_section(
     for r in doc["results"]:
         assert r["median_ns"] > 0 and r["min_ns"] <= r["median_ns"] <= r["max_ns"]
         assert r["repeats"] >= 3 and r["number"] >= 1
+        assert r["noisy"] == (r["spread_pct"] > doc["spread_flag_pct"])
     groups = {r["group"] for r in doc["results"]}
     for g in groups:  # every group has exactly one baseline, whose ratio is 1
         base = [r for r in doc["results"] if r["group"] == g and r["baseline"]]
@@ -47,6 +54,9 @@ def test_quick_run_writes_valid_json_with_every_cpu_section(
     env = doc["environment"]
     for field in ("jitkey", "python", "cpu", "torch", "triton"):
         assert env[field]
+    # The same fast-path facts as `jitkey info`, in the JSON and the table's header.
+    assert env["fast_paths"]["tensor_fields"]["on"] in (True, False)
+    assert "fast paths: cpython_layout " in proc.stdout
     # Without a GPU the launch section is reported as skipped, with the reason, in both outputs.
     if env["gpu"] is None:
         skipped = {s["section"]: s["reason"] for s in doc["skipped"]}
@@ -54,8 +64,20 @@ def test_quick_run_writes_valid_json_with_every_cpu_section(
         assert "== launch == skipped: no CUDA GPU" in proc.stdout
     else:
         assert "launch" in sections
-    # Table on stdout, progress on stderr.
+    # Table on stdout; progress, case by case with [i/N], on stderr.
     assert "== key ==" in proc.stdout and "[jitkey bench]" in proc.stderr
+    n = len(doc["results"])
+    assert f"[1/{n}] " in proc.stderr and f"[{n}/{n}] " in proc.stderr
+
+
+def test_one_unit_per_group(quick_run: tuple[subprocess.CompletedProcess[str], Path, Path]) -> None:
+    proc, _, _ = quick_run
+    units: dict[str, set[str]] = {}
+    for line in proc.stdout.splitlines():
+        for unit in ("ns", "µs"):
+            if f" {unit} " in line:
+                units.setdefault(line.split("  ")[0], set()).add(unit)
+    assert units and all(len(u) == 1 for u in units.values()), units
 
 
 def test_quick_run_writes_a_png(quick_run: tuple[subprocess.CompletedProcess[str], Path, Path]) -> None:
@@ -64,19 +86,83 @@ def test_quick_run_writes_a_png(quick_run: tuple[subprocess.CompletedProcess[str
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_missing_matplotlib_is_a_clear_error(tmp_path: Path) -> None:
-    (tmp_path / "matplotlib.py").write_text("raise ImportError('simulated: matplotlib not installed')\n")
-    import os
+def test_json_to_stdout_and_repeated_only_adds(tmp_path: Path) -> None:
+    proc = run_bench("--quick", "--only", "key", "--only", "cache", "--json", "-")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)  # stdout is only the JSON; the table went to stderr
+    assert {r["section"] for r in doc["results"]} == {"key", "cache"}
+    assert "== key ==" in proc.stderr
+    assert not (tmp_path / "-").exists() and not Path("-").exists()
 
+
+def test_compare_prints_ratios_against_an_earlier_run(
+    quick_run: tuple[subprocess.CompletedProcess[str], Path, Path],
+) -> None:
+    _, js, _ = quick_run
+    proc = run_bench("--quick", "--only", "key", "--compare", str(js))
+    assert proc.returncode == 0, proc.stderr
+    part = proc.stdout.split(f"== compared with {js}")[1]
+    assert "new/old" in part
+    rows = [line for line in part.splitlines() if line.startswith("key/4-entry tuple")]
+    assert len(rows) == 5 and all(line.rstrip(" !").endswith("x") for line in rows), part
+
+
+def test_compare_reports_a_changed_fast_path(
+    quick_run: tuple[subprocess.CompletedProcess[str], Path, Path],
+) -> None:
+    pytest.importorskip("torch")
+    _, js, _ = quick_run
+    env = dict(os.environ, JITKEY_TENSOR_FIELDS="0")
+    proc = run_bench("--quick", "--only", "key", "--compare", str(js), env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "fast path tensor_fields: True -> False" in proc.stdout
+    assert "tensor_fields OFF" in proc.stdout and "JITKEY_TENSOR_FIELDS=0" in proc.stdout
+
+
+def test_missing_matplotlib_is_a_clear_error_before_running(tmp_path: Path) -> None:
+    (tmp_path / "matplotlib.py").write_text("raise ImportError('simulated: matplotlib not installed')\n")
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     proc = run_bench("--quick", "--only", "key", "--plot", str(tmp_path / "x.png"), env=env)
     assert proc.returncode == 1
-    assert "needs matplotlib" in proc.stderr
+    assert "needs matplotlib" in proc.stderr and "jitkey[plot]" in proc.stderr
+    assert "[1/" not in proc.stderr  # nothing was timed
     assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--json", "/nonexistent-dir/x.json"], "does not exist"),
+        (["--plot", "/nonexistent-dir/x.png"], "does not exist"),
+        (["--json", "."], "is a directory"),
+        (["--compare", "/nonexistent-dir/old.json"], "--compare"),
+    ],
+)
+def test_bad_paths_fail_before_running(args: list[str], message: str) -> None:
+    proc = run_bench("--quick", "--only", "key", *args)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "usage:" in proc.stderr
+    assert "[1/" not in proc.stderr
+
+
+def test_compare_rejects_a_file_that_is_not_a_bench_result(tmp_path: Path) -> None:
+    bad = tmp_path / "old.json"
+    bad.write_text('{"schema": 99}')
+    proc = run_bench("--quick", "--only", "key", "--compare", str(bad))
+    assert proc.returncode == 2 and "not a jitkey bench --json file" in proc.stderr
+
+
+def test_only_launch_without_a_gpu_is_an_error() -> None:
+    if _has_gpu():
+        pytest.skip("this machine has a GPU")
+    proc = run_bench("--quick", "--only", "launch")
+    assert proc.returncode == 2
+    assert "--only launch: no CUDA GPU here" in proc.stderr
+    assert "[1/" not in proc.stderr
 
 
 @pytest.mark.parametrize("args", [["--only", "nosuch"], ["--frobnicate"], ["--json"]])
 def test_usage_errors_exit_2(args: list[str]) -> None:
     proc = run_bench(*args)
     assert proc.returncode == 2
-    assert "usage:" in proc.stderr
+    assert "usage: " in proc.stderr and "bench" in proc.stderr

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def run_example(name: str) -> tuple[str, dict[str, object]]:
+def run_example(name: str, *args: str) -> tuple[str, dict[str, object]]:
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, str(EXAMPLES / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -61,3 +68,33 @@ def test_shared_autotune() -> None:
         # the simulated cost model's optimum (per-program overhead vs. big-block penalty)
         assert r["simulated_timer"] is True and r["config"] == {"BLOCK": 1024}
         assert "SIMULATED" in out
+
+
+def test_shared_autotune_second_host() -> None:
+    """Two "hosts" (separate local indexes) share the choice through a redis-server the example starts."""
+    from jitkey._redis_server import find_redis_server
+
+    if find_redis_server() is None:
+        reason = (
+            "no redis-server (make test installs Debian's with apt as root; scripts/fetch_redis_server.sh)"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason + " (required under CI=true)")
+        pytest.skip(reason)
+    out, r = run_example("shared_autotune.py", "--second-host")
+    assert r["second_host"] is True and r["p1_local_dir"] != r["p2_local_dir"]
+    assert r["p1_tunings"] == 1 and r["p1_remote_puts"] == 1
+    # host 2's local index is empty: the choice comes from the remote, nothing is benchmarked
+    assert r["p2_bench_calls"] == 0 and r["p2_tunings"] == 0 and r["p2_disk_hits"] == 1
+    assert r["p2_remote_hits"] == 1 and r["p2_remote_errors"] == r["p2_remote_timeouts"] == 0
+    assert r["same_config"] is True and r["correct"] is True
+    assert "second-host mode" in out and "host 2: benchmarked 0 configs" in out
+
+
+def test_shared_autotune_gpu_mode_without_gpu_skips_clearly() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: --mode gpu runs for real (test_shared_autotune)")
+    out, r = run_example("shared_autotune.py", "--mode", "gpu", "--second-host")
+    assert "NVIDIA GPU" in str(r["skipped"]) and out.startswith("skipped: ")

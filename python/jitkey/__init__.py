@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jitkey import errors, rules
+from jitkey import _log, errors, rules
 from jitkey._core import (
     DIGEST_DOMAIN,
     FORMAT_VERSION,
@@ -20,6 +20,14 @@ from jitkey._core import (
 from jitkey.env import DEFAULT_ENV_VARS, env_key
 from jitkey.errors import JitKeyError, UnsupportedKeyError
 from jitkey.fnkey import GlobalsGuard, function_key, function_key_tree
+from jitkey.remote import RemoteIndex, TieredIndex
+
+logger = _log.logger
+"""The ``jitkey`` logger (see :mod:`jitkey._log`: fast paths that switch off, fallbacks at DEBUG)."""
+
+from jitkey import _fastpaths  # noqa: E402
+
+_fastpaths.report_import_time()
 
 __all__ = [
     "DEFAULT_ENV_VARS",
@@ -31,7 +39,9 @@ __all__ = [
     "GlobalsGuard",
     "JitKeyError",
     "LruCache",
+    "RemoteIndex",
     "Signature",
+    "TieredIndex",
     "UnsupportedKeyError",
     "__version__",
     "digest",
@@ -42,5 +52,6 @@ __all__ = [
     "fast_hash",
     "function_key",
     "function_key_tree",
+    "logger",
     "rules",
 ]

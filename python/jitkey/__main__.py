@@ -1,4 +1,4 @@
-"""``python -m jitkey``: command-line entry points (``bench``)."""
+"""``python -m jitkey`` (and the ``jitkey`` console script): see :mod:`jitkey.cli`."""
 
 from __future__ import annotations
 
@@ -6,13 +6,10 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the jitkey command line."""
-    from jitkey.bench import main as bench_main
+    """Run the jitkey command line; returns the exit status."""
+    from jitkey.cli import main as cli_main
 
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["bench"]:
-        args = args[1:]
-    return bench_main(args)
+    return cli_main(argv)
 
 
 if __name__ == "__main__":

@@ -257,6 +257,17 @@ def _after_fork_in_child() -> None:
     from the locks of every live :class:`DiskIndex` that another thread of the parent held at the
     fork (an in-flight put or refresh). Not for direct use."""
 
+@disjoint_base
+class _TierBase:
+    """Private: base of :class:`jitkey.TieredIndex`; ``get`` looks in the local ``DiskIndex`` natively and
+    calls ``on_miss(key)`` only on a local miss."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self: ...
+    def _tier_init(self, local: DiskIndex, on_miss: Callable[[Any], bytes | None], /) -> None:
+        """Set the local index and the miss handler (once)."""
+    def get(self, key: object) -> bytes | None:
+        """The local value, else ``on_miss(key)``."""
+
 @final
 class _Miss:
     """The type of :data:`MISS` (falsy; ``repr`` is ``jitkey.MISS``)."""

@@ -64,17 +64,23 @@ def _probe_tensors(torch: Any) -> list[Any]:
 
 def calibrate(torch: Any) -> dict[str, Any] | None:
     """The verified layout, or ``None`` if the hypothesis does not hold for this torch build."""
+    layout = _calibrate(torch)
+    return layout if isinstance(layout, dict) else None
+
+
+def _calibrate(torch: Any) -> dict[str, Any] | str:
+    """The verified layout, or why the hypothesis does not hold for this torch build."""
     if sys.maxsize != 2**63 - 1 or sys.byteorder != "little":
-        return None
+        return "not a 64-bit little-endian build"
     tensor_t, param_t = torch.Tensor, torch.nn.Parameter
     plain = torch.zeros(4)
     impl_vtable = _u64(_u64(id(plain) + PYOBJ_TENSORIMPL))
     storage = plain.untyped_storage()
     storage_ptr = _u64(id(storage) + THPSTORAGE_IMPL)
     if storage_ptr != _u64(_u64(id(plain) + PYOBJ_TENSORIMPL) + IMPL_STORAGE):
-        return None
+        return "TensorImpl -> StorageImpl pointer not where expected"
     if _u64(storage_ptr + STORAGE_DATA) != storage.data_ptr():
-        return None
+        return "StorageImpl data pointer not where expected"
     storage_vtable = _u64(storage_ptr)
 
     dtypes: dict[int, tuple[str, int]] = {}
@@ -92,7 +98,7 @@ def calibrate(torch: Any) -> dict[str, Any] | None:
         idx = _u16(impl + IMPL_DTYPE)
         short = str(dt).removeprefix("torch.")
         if idx in dtypes and dtypes[idx][0] != short:
-            return None
+            return f"dtype index {idx} read for two dtypes"
         dtypes[idx] = (short, t.element_size())
 
     devices: dict[int, str] = {}
@@ -102,31 +108,31 @@ def calibrate(torch: Any) -> dict[str, Any] | None:
         code, index, has = struct.unpack("<bbB", ctypes.string_at(impl + IMPL_DEVICE, 3))
         want_index = -1 if t.device.index is None else t.device.index
         if has != 1 or index != want_index or code < 0 or code in devices:
-            return None
+            return f"device field of a {dev} tensor not as expected"
         devices[code] = t.device.type
 
     for t in _probe_tensors(torch):
         if type(t) not in (tensor_t, param_t):
-            return None
+            return f"probe tensor of type {type(t).__name__}"
         impl = _u64(id(t) + PYOBJ_TENSORIMPL)
         if _u64(impl) != impl_vtable:
-            return None
+            return "probe tensor with another TensorImpl vtable"
         st = t.untyped_storage()
         sptr = _u64(id(st) + THPSTORAGE_IMPL)
         if sptr != _u64(impl + IMPL_STORAGE) or _u64(sptr) != storage_vtable:
-            return None
+            return "probe tensor's StorageImpl not as expected"
         name, itemsize = dtypes.get(_u16(impl + IMPL_DTYPE), ("?", 0))
         if name != str(t.dtype).removeprefix("torch."):
-            return None
+            return f"dtype field read {name!r} for {t.dtype}"
         off = _i64(impl + IMPL_STORAGE_OFFSET)
         if off != t.storage_offset() or _i64(impl + IMPL_NUMEL) != t.numel():
-            return None
+            return "storage offset or numel field differs from the attribute"
         data = _u64(sptr + STORAGE_DATA)
         if (data + off * itemsize if t.numel() else 0) != t.data_ptr():  # torch: empty -> nullptr
-            return None
+            return "data pointer read differs from data_ptr()"
         ndim = _i64(impl + IMPL_NDIM)
         if ndim != t.dim():
-            return None
+            return "ndim field differs from dim()"
         if ndim <= MAX_INLINE_DIMS:
             sizes_at, strides_at = impl + IMPL_SIZES, impl + IMPL_INLINE_STRIDES
         else:
@@ -135,11 +141,11 @@ def calibrate(torch: Any) -> dict[str, Any] | None:
         sizes = tuple(_i64(sizes_at + 8 * i) for i in range(ndim))
         strides = tuple(_i64(strides_at + 8 * i) for i in range(ndim))
         if sizes != tuple(t.shape) or strides != tuple(t.stride()):
-            return None
+            return "sizes or strides read differ from the attributes"
         code, index, has = struct.unpack("<bbB", ctypes.string_at(impl + IMPL_DEVICE, 3))
         want_index = -1 if t.device.index is None else t.device.index
         if has != 1 or devices.get(code) != t.device.type or index != want_index:
-            return None
+            return "device field differs from the attribute"
     return {
         "tensor_types": (tensor_t, param_t),
         "impl_vtable": impl_vtable,
@@ -162,19 +168,52 @@ def calibrate(torch: Any) -> dict[str, Any] | None:
     }
 
 
-def install() -> bool:
-    """Calibrate and hand the layout to the Rust side; returns whether the direct path is on."""
+# What install() decided: None until it ran, then {"on": bool, "why": str | None, "chosen": bool}.
+_STATUS: dict[str, Any] | None = None
+
+
+def status() -> dict[str, Any] | None:
+    """What :func:`install` decided (``None`` if it has not run in this process yet)."""
+    return None if _STATUS is None else dict(_STATUS)
+
+
+def _decide() -> tuple[bool, str | None, bool]:
+    """(on, why it is off, whether off was the user's choice)."""
     from jitkey import _core
 
     if os.environ.get("JITKEY_TENSOR_FIELDS", "1") == "0":
-        return False
+        return False, "turned off by JITKEY_TENSOR_FIELDS=0", True
     import torch
 
     try:
-        layout = calibrate(torch)
-    except Exception:  # any surprise means: keep the attribute path
-        return False
-    if layout is None:
-        return False
+        layout = _calibrate(torch)
+    except Exception as e:  # any surprise means: keep the attribute path
+        return False, f"calibration against torch {torch.__version__} failed: {type(e).__name__}: {e}", False
+    if isinstance(layout, str):
+        return False, f"torch {torch.__version__}'s tensor layout is not the verified one ({layout})", False
     _core._install_tensor_layout(layout)
-    return True
+    return True, None, False
+
+
+def install() -> bool:
+    """Calibrate and hand the layout to the Rust side (once per process); returns whether the direct
+    path is on. Says so on the ``jitkey.fastpath`` logger when it is off: a warning unless the user chose it."""
+    global _STATUS
+    if _STATUS is not None:
+        return bool(_STATUS["on"])
+    on, why, chosen = _decide()
+    _STATUS = {"on": on, "why": why, "chosen": chosen}
+    if not on:
+        from jitkey._log import logger
+
+        log = logger.getChild("fastpath")
+        if chosen:
+            log.info("direct tensor-field reads are off: %s", why)
+        else:
+            log.warning(
+                "direct tensor-field reads are off: %s; Signature lookups read tensors through Python "
+                "attributes instead (2-7x slower, same keys). Set JITKEY_TENSOR_FIELDS=0 to choose this "
+                "and silence this warning.",
+                why,
+            )
+    return on

@@ -17,6 +17,9 @@ __all__ = [
     "JitKeyWarning",
     "KeyDepthError",
     "KeyLengthError",
+    "MissingDependencyError",
+    "RemoteCacheWarning",
+    "RemoteConfigError",
     "SignatureError",
     "UnsupportedKeyError",
     "ValueTooLargeError",
@@ -67,6 +70,15 @@ class ValueTooLargeError(JitKeyError, ValueError):
     """A value is larger than the store accepts."""
 
 
+class MissingDependencyError(JitKeyError, ImportError):
+    """An optional dependency a feature needs is not installed; the message names the extra to install
+    (e.g. ``pip install 'jitkey[redis]'`` for :class:`jitkey.RemoteIndex`)."""
+
+
+class RemoteConfigError(JitKeyError, ValueError):
+    """A remote tier was configured with an invalid URL, namespace, secret, timeout or size bound."""
+
+
 class GlobalsChangedError(JitKeyError, RuntimeError):
     """A global a kernel reads changed since it was compiled (the cached kernel would be stale)."""
 
@@ -81,4 +93,14 @@ class DiskIndexWarning(JitKeyWarning, RuntimeWarning):
     Emitted once per index and kind (unusable or unsafe directory, foreign or damaged file, disk
     full, lock timeout); the index then serves misses or runs read-only / memory-only and never
     returns a wrong value. ``DiskIndex.mode`` and ``DiskIndex.mode_reason`` say what it chose.
+    """
+
+
+class RemoteCacheWarning(JitKeyWarning, RuntimeWarning):
+    """The remote tier (:class:`jitkey.RemoteIndex`) failed or returned data it rejected.
+
+    Emitted once per remote index and cause (connection refused or lost, operation timed out, server
+    error, rejected value, or a ``JITKEY_REMOTE_CACHE`` that could not be used); the call that met it
+    goes on from the local tier or recomputes, so a JIT call never fails or hangs because of the remote.
+    ``stats()`` counts every occurrence.
     """

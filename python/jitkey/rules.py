@@ -27,6 +27,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from jitkey import _deps
+
 __all__ = [
     "HELION_INT32_INDEX_LIMIT",
     "AnyRule",
@@ -222,6 +224,7 @@ def tensor(
         device: ``True``/``"type_index"`` (type and index), ``"type"``, or ``False``.
         needs_int64: key whether ``numel() > 2**31 - 1`` (Helion's int64-indexing flag).
     """
+    _deps.require("torch", "jitkey.rules.tensor (a tensor parameter)")
     dev: Literal["type", "type_index"] | None
     if device is True:
         dev = "type_index"

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -86,10 +84,23 @@ def time_case(case: Case, *, target_s: float, repeats: int) -> tuple[list[float]
     return per_call, number
 
 
-def run_cases(section: str, cases: Iterable[Case], *, target_s: float, repeats: int) -> list[Result]:
-    """Checks, then times, every case of a section; ratios are to the group's baseline."""
+def run_cases(
+    section: str,
+    cases: Iterable[Case],
+    *,
+    target_s: float,
+    repeats: int,
+    start: int = 0,
+    total: int | None = None,
+) -> list[Result]:
+    """Checks, then times, every case of a section; ratios are to the group's baseline.
+
+    Progress (``[i/total] group · impl``) goes to stderr; ``start`` is the count of cases run before."""
     results: list[Result] = []
-    for case in cases:
+    cases = list(cases)
+    total = total if total is not None else start + len(cases)
+    for i, case in enumerate(cases, start + 1):
+        progress(f"[{i}/{total}] {section}: {case.group} · {case.impl}")
         case.check()
         per_call, number = time_case(case, target_s=target_s, repeats=repeats)
         results.append(
@@ -118,104 +129,196 @@ def set_ratios(results: list[Result]) -> None:
             r.ratio = r.median_ns / base[r.group]
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+SPREAD_FLAG_PCT = 30
+"""Rows whose spread ((max - min) / median over the repeats) is above this are flagged as noisy."""
+
+SCHEMA = 1
 
 
 def environment() -> dict[str, Any]:
-    """What the figures were measured on."""
-    import jitkey
+    """What the figures were measured on: ``jitkey info``'s facts (versions, fast paths, ``JITKEY_*``)
+    plus the timing loop's own overhead."""
+    from jitkey._info import collect
 
-    env: dict[str, Any] = {
-        "jitkey": jitkey.__version__,
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "gil_enabled": getattr(sys, "_is_gil_enabled", lambda: True)(),
-    }
-    for mod in ("torch", "triton"):
-        try:
-            env[mod] = __import__(mod).__version__
-        except Exception:
-            env[mod] = None
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            env["gpu"] = torch.cuda.get_device_name()
-            env["gpu_capability"] = list(torch.cuda.get_device_capability())
-    except Exception:
-        pass
-    env.setdefault("gpu", None)
+    env = collect()
     loop = timeit.Timer("pass").repeat(repeat=5, number=1_000_000)
     env["timeit_loop_overhead_ns"] = round(min(loop) / 1_000_000 * 1e9, 2)
     return env
 
 
-def _fmt_time(ns: float, unit: str) -> str:
-    if unit == "us" or ns >= 10_000:
+def group_unit(rows: list[Result]) -> str:
+    """One unit per group: µs when a row was measured in µs, or every row takes at least 1 µs and one at
+    least 10 µs; else ns."""
+    medians = [r.median_ns for r in rows]
+    if any(r.unit == "us" for r in rows) or (min(medians) >= 1_000 and max(medians) >= 10_000):
+        return "us"
+    return "ns"
+
+
+def fmt_time(ns: float, unit: str) -> str:
+    if unit == "us":
         return f"{ns / 1000:.2f} µs"
     return f"{ns:.0f} ns" if ns >= 100 else f"{ns:.1f} ns"
+
+
+def _ordered(results: list[Result]) -> list[Result]:
+    """Rows of one group together, sections and groups in the order they first appear."""
+    first: dict[tuple[str, str], int] = {}
+    for i, r in enumerate(results):
+        first.setdefault((r.section, r.group), i)
+    sections = list(dict.fromkeys(r.section for r in results))
+    return sorted(results, key=lambda r: (sections.index(r.section), first[(r.section, r.group)]))
+
+
+def _groups(results: list[Result]) -> dict[tuple[str, str], list[Result]]:
+    out: dict[tuple[str, str], list[Result]] = {}
+    for r in _ordered(results):
+        out.setdefault((r.section, r.group), []).append(r)
+    return out
+
+
+def fast_path_summary(env: dict[str, Any]) -> list[str]:
+    """``fast paths: a on · b OFF · c unknown`` plus one line per path that is off, with the reason."""
+    fps = env.get("fast_paths") or {}
+    if not fps:
+        return []
+    state = {True: "on", False: "OFF", None: "unknown"}
+    lines = ["fast paths: " + " · ".join(f"{n} {state[fp.get('on')]}" for n, fp in fps.items())]
+    lines += [f"  {n} is off: {fp.get('why')}" for n, fp in fps.items() if fp.get("on") is False]
+    return lines
+
+
+def env_caption(env: dict[str, Any]) -> str:
+    """One line naming the machine and the software."""
+    return (
+        f"jitkey {env.get('jitkey')} · Python {env.get('python')} ({env.get('implementation')}) · "
+        f"torch {env.get('torch')} · triton {env.get('triton')} · CPU: {env.get('cpu')} "
+        f"({env.get('cpu_count')} cores) · GPU: {env.get('gpu') or 'none'}"
+    )
 
 
 def format_table(results: list[Result], skipped: list[Skipped], env: dict[str, Any]) -> str:
     """The human-readable report."""
     lines = [
-        f"jitkey {env['jitkey']} · Python {env['python']} ({env['implementation']}) · torch {env['torch']}"
-        f" · triton {env['triton']}",
-        f"CPU: {env['cpu']} ({env['cpu_count']} cores) · GPU: {env['gpu'] or 'none'}",
+        env_caption(env),
+        *fast_path_summary(env),
+        *(f"{k}={v}" for k, v in (env.get("env") or {}).items()),
         "median per call over repeats (spread = (max-min)/median); ratio = median / the group's baseline (*)",
-        "",
     ]
     width_g = max([len(r.group) for r in results] + [5]) + 2
     width_i = max([len(r.impl) for r in results] + [4]) + 3
     header = f"{'case':<{width_g}}{'impl':<{width_i}}{'median':>11}{'spread':>9}{'ratio':>9}"
     current = None
-    # Rows of one group together, groups in the order they first appear.
-    first = {}
-    for i, r in enumerate(results):
-        first.setdefault((r.section, r.group), i)
-    sections = list(dict.fromkeys(r.section for r in results))
-    ordered = sorted(results, key=lambda r: (sections.index(r.section), first[(r.section, r.group)]))
-    for r in ordered:
-        if r.section != current:
-            current = r.section
+    noisy = 0
+    for (section, _), rows in _groups(results).items():
+        if section != current:
+            current = section
             lines += ["", f"== {current} ==", header, "-" * len(header)]
-        name = r.impl + (" *" if r.baseline else "")
-        ratio = f"{r.ratio:.2f}x" if r.ratio is not None else "-"
-        lines.append(
-            f"{r.group:<{width_g}}{name:<{width_i}}{_fmt_time(r.median_ns, r.unit):>11}"
-            f"{r.spread_pct():>8.0f}%{ratio:>9}"
-        )
+        unit = group_unit(rows)
+        for r in rows:
+            name = r.impl + (" *" if r.baseline else "")
+            ratio = f"{r.ratio:.2f}x" if r.ratio is not None else "-"
+            flag = " !" if r.spread_pct() > SPREAD_FLAG_PCT else ""
+            noisy += bool(flag)
+            lines.append(
+                f"{r.group:<{width_g}}{name:<{width_i}}{fmt_time(r.median_ns, unit):>11}"
+                f"{r.spread_pct():>8.0f}%{ratio:>9}{flag}"
+            )
     for s in skipped:
         lines += ["", f"== {s.section} == skipped: {s.reason}"]
+    if noisy:
+        lines += [
+            "",
+            f"! {noisy} row(s) with a spread above {SPREAD_FLAG_PCT}%: the machine was busy while they ran."
+            " Rerun them (e.g. jitkey bench --only SECTION) on a quieter machine before trusting those figures.",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def to_json(results: list[Result], skipped: list[Skipped], env: dict[str, Any], argv: list[str]) -> str:
-    """Machine-readable results (schema version 1)."""
+    """Machine-readable results (schema version 1; ``spread_pct`` and ``noisy`` per result)."""
+    rows = []
+    for r in results:
+        d = dataclasses.asdict(r)
+        d["spread_pct"] = round(r.spread_pct(), 2)
+        d["noisy"] = r.spread_pct() > SPREAD_FLAG_PCT
+        rows.append(d)
     doc = {
-        "schema": 1,
+        "schema": SCHEMA,
         "argv": argv,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "spread_flag_pct": SPREAD_FLAG_PCT,
         "environment": env,
-        "results": [dataclasses.asdict(r) for r in results],
+        "results": rows,
         "skipped": [dataclasses.asdict(s) for s in skipped],
     }
     return json.dumps(doc, indent=1)
 
 
-def write_plot(results: list[Result], path: str) -> None:
-    """A PNG bar chart: one panel per section, median time per impl, grouped by case.
+def load_results(path: str) -> dict[str, Any]:
+    """An earlier ``--json`` file, checked enough to compare against (ValueError if it is not one)."""
+    with open(path) as f:
+        try:
+            doc = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("results"), list):
+        raise ValueError(f"not a jitkey bench --json file of schema {SCHEMA}")
+    for r in doc["results"]:
+        if not isinstance(r, dict) or not {"section", "group", "impl", "median_ns"} <= r.keys():
+            raise ValueError("a result lacks section/group/impl/median_ns")
+    return doc
+
+
+def format_compare(results: list[Result], env: dict[str, Any], old: dict[str, Any], path: str) -> str:
+    """Each case's median against the same case in an earlier run (new / old; lower is faster), and what
+    differs between the two environments."""
+    old_env = old.get("environment") or {}
+    lines = ["", f"== compared with {path} ({old.get('time', '?')}) =="]
+    diffs = []
+    for k in ("jitkey", "python", "torch", "triton", "cpu", "gpu", "platform"):
+        if old_env.get(k) != env.get(k):
+            diffs.append(f"  {k}: {old_env.get(k)} -> {env.get(k)}")
+    old_fp, new_fp = old_env.get("fast_paths") or {}, env.get("fast_paths") or {}
+    for name in dict.fromkeys([*old_fp, *new_fp]):
+        a, b = (old_fp.get(name) or {}).get("on"), (new_fp.get(name) or {}).get("on")
+        if a != b:
+            diffs.append(f"  fast path {name}: {a} -> {b}")
+    if old_env.get("env") != env.get("env"):
+        diffs.append(f"  JITKEY_*: {old_env.get('env')} -> {env.get('env')}")
+    lines += (
+        ["environment differences:", *diffs]
+        if diffs
+        else ["same environment (versions, CPU, GPU, fast paths)"]
+    )
+    before = {(r["section"], r["group"], r["impl"]): r for r in old["results"]}
+    width_g = max([len(r.group) for r in results] + [5]) + 2
+    width_i = max([len(r.impl) for r in results] + [4]) + 3
+    header = f"{'case':<{width_g}}{'impl':<{width_i}}{'old':>11}{'new':>11}{'new/old':>9}"
+    lines += [header, "-" * len(header)]
+    matched = 0
+    for (_, _), rows in _groups(results).items():
+        unit = group_unit(rows)
+        for r in rows:
+            o = before.get((r.section, r.group, r.impl))
+            if o is None or not o.get("median_ns"):
+                continue
+            matched += 1
+            old_spread = 100.0 * (o.get("max_ns", 0) - o.get("min_ns", 0)) / o["median_ns"]
+            noisy = max(old_spread, r.spread_pct()) > SPREAD_FLAG_PCT
+            lines.append(
+                f"{r.group:<{width_g}}{r.impl:<{width_i}}{fmt_time(o['median_ns'], unit):>11}"
+                f"{fmt_time(r.median_ns, unit):>11}{r.median_ns / o['median_ns']:>8.2f}x{' !' if noisy else ''}"
+            )
+    if not matched:
+        lines.append("(no case of this run is in the old file)")
+    return "\n".join(lines) + "\n"
+
+
+def write_plot(results: list[Result], env: dict[str, Any], path: str) -> None:
+    """A PNG: per section, each case's median as a ratio to its group's baseline on a log axis (lower is
+    faster), the min-max of the repeats as a bar, the absolute median and ratio as text, and the
+    environment as a caption.
 
     Raises ImportError with an install hint when matplotlib is missing.
     """
@@ -227,18 +330,82 @@ def write_plot(results: list[Result], path: str) -> None:
     except ImportError as e:
         raise ImportError("--plot needs matplotlib: pip install 'jitkey[plot]' (or matplotlib)") from e
 
-    sections = list(dict.fromkeys(r.section for r in results))
-    fig, axes = plt.subplots(len(sections), 1, figsize=(11, 3.2 * len(sections)), squeeze=False)
+    groups = _groups(results)
+    sections = list(dict.fromkeys(s for s, _ in groups))
+    rows_per = {s: sum(len(rows) + 1 for (sec, _), rows in groups.items() if sec == s) for s in sections}
+    heights = [max(2.0, 0.26 * n + 0.9) for n in (rows_per[s] for s in sections)]
+    fig, axes = plt.subplots(
+        len(sections),
+        1,
+        figsize=(12, sum(heights) + 1.4),
+        squeeze=False,
+        gridspec_kw={"height_ratios": heights},
+    )
     for ax, section in zip(axes[:, 0], sections, strict=True):
-        rows = [r for r in results if r.section == section]
-        labels = [f"{r.group}\n{r.impl}" for r in rows]
-        values = [r.median_ns / (1000 if r.unit == "us" else 1) for r in rows]
-        colors = ["#1f77b4" if r.impl.startswith("jitkey") else "#999999" for r in rows]
-        ax.barh(range(len(rows)), values, color=colors)
-        ax.set_yticks(range(len(rows)), labels, fontsize=6)
-        ax.invert_yaxis()
-        ax.set_xlabel("µs per call" if rows and rows[0].unit == "us" else "ns per call")
-        ax.set_title(f"jitkey bench: {section} (blue = jitkey)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+        y = 0.0
+        ticks: list[float] = []
+        labels: list[str] = []
+        ratios: list[float] = []
+        for (sec, group), rows in groups.items():
+            if sec != section:
+                continue
+            ax.text(0.0, y, group, transform=ax.get_yaxis_transform(), ha="left", va="center",
+                    fontsize=9, fontweight="bold")  # fmt: skip
+            y += 1
+            unit = group_unit(rows)
+            base = next((r for r in rows if r.baseline), None)
+            for r in rows:
+                ratio = r.ratio if r.ratio is not None else 1.0
+                scale = ratio / r.median_ns if r.median_ns else 1.0
+                lo, hi = r.min_ns * scale, r.max_ns * scale
+                color = "#1f5fa8" if r.impl.startswith("jitkey") else ("#222222" if r.baseline else "#9a9a9a")
+                ax.plot([lo, hi], [y, y], color=color, linewidth=5, alpha=0.35, solid_capstyle="butt")
+                ax.plot([ratio], [y], "o", color=color, markersize=6)
+                flag = "  ! noisy" if r.spread_pct() > SPREAD_FLAG_PCT else ""
+                ax.annotate(
+                    f"{fmt_time(r.median_ns, unit)}  {ratio:.2f}x{flag}",
+                    (max(hi, ratio), y),
+                    xytext=(6, 0),
+                    textcoords="offset points",
+                    va="center",
+                    fontsize=8,
+                    color="#b00000" if flag else "#333333",
+                )
+                ticks.append(y)
+                labels.append(r.impl + (" (baseline)" if r is base else ""))
+                ratios += [lo, hi, ratio]
+                y += 1
+            y += 0.4
+        ax.set_yticks(ticks, labels, fontsize=8.5)
+        ax.set_ylim(y - 0.4, -1)
+        ax.set_xscale("log")
+        lo_r, hi_r = min(ratios), max(ratios)
+        ax.set_xlim(lo_r / 1.6, hi_r * 4.5)  # room on the right for the labels
+        ax.axvline(1.0, color="#222222", linewidth=0.8, linestyle="--")
+        ax.grid(axis="x", which="both", alpha=0.25)
+        # Labelled ticks at 1-2-5 steps (finer when the range spans less than about a decade).
+        left, right = ax.get_xlim()
+        for steps in ((1, 2, 5), (1, 2, 3, 4, 5, 6, 8)):
+            xt = sorted(m * 10.0**e for e in range(-4, 5) for m in steps)
+            xt = [t for t in xt if left <= t <= right]
+            if len(xt) >= 5:
+                break
+        ax.set_xticks(xt, [f"{t:g}x" for t in xt], fontsize=8.5)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_title(f"{section}: time relative to the group's baseline (log scale, lower is faster)",
+                     fontsize=10, loc="left")  # fmt: skip
+        ax.tick_params(axis="y", length=0)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    caption = "\n".join(
+        [
+            env_caption(env),
+            " · ".join(fast_path_summary(env)[:1]) or "fast paths: not recorded",
+            "dot: median over repeats; bar: min-max of the repeats; blue: jitkey, black: baseline, grey: peers; "
+            f"'! noisy': spread above {SPREAD_FLAG_PCT}% (rerun). {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        ]
+    )
+    fig.text(0.01, 0.005, caption, fontsize=7.5, va="bottom", ha="left", color="#333333")
+    fig.tight_layout(rect=(0, 0.9 / (sum(heights) + 1.4), 1, 1))
+    fig.savefig(path, dpi=110)
     plt.close(fig)

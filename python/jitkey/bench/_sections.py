@@ -133,7 +133,7 @@ def lookup_section(quick: bool) -> SectionResult:
 
         from jitkey.bench import _lookup_peers as peers
     except ImportError as e:
-        return Skipped("lookup", f"needs torch and triton ({e})")
+        return Skipped("lookup", f"needs torch and triton ({e}): pip install 'jitkey[torch,triton]'")
     cases: list[Case] = []
     sentinel = object()
 
@@ -277,20 +277,76 @@ def disk_section(quick: bool) -> SectionResult:
     return cases
 
 
+def gpu_unavailable_reason() -> str | None:
+    """Why the launch section cannot run here (``None`` when it can)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return "needs torch, which is not installed: pip install torch  (or: pip install 'jitkey[torch]')"
+    import torch
+
+    if not torch.cuda.is_available():
+        return (
+            "no CUDA GPU here (torch.cuda.is_available() is False); the launch section runs on an NVIDIA GPU"
+        )
+    if importlib.util.find_spec("triton") is None:
+        return "needs triton, which is not installed: pip install 'jitkey[triton]'"
+    return None
+
+
+def remote_section(quick: bool) -> SectionResult:
+    """Redis tier: RemoteIndex get hit / put vs a bare redis-py GET / SET of the same bytes and Triton's
+    RedisRemoteCacheBackend; TieredIndex local hit vs DiskIndex alone. Needs redis-server and redis-py."""
+    from jitkey.bench import _remote_peers as rp
+
+    s = rp.setup()
+    if isinstance(s, str):
+        return Skipped("remote", s)
+    env = {"ri": s.remote, "r": s.plain, "tb": s.triton, "k": s.key, "rk": s.redis_key, "v": rp.VALUE}
+    env.update(raw=s.envelope, fn=[rp.TRITON_FILE], f=rp.TRITON_FILE, dx=s.disk, tx=s.tier, _setup=s)
+
+    def check_remote() -> None:
+        _expect(s.remote.get(s.key), rp.VALUE, "RemoteIndex.get of the stored key")
+        _expect(s.plain.get(s.redis_key), s.envelope, "redis-py GET of the same Redis key")
+        _expect(rp.VALUE in s.envelope, True, "the envelope carries the value")
+        if s.triton is not None:
+            _expect(s.triton.get([rp.TRITON_FILE]), {rp.TRITON_FILE: rp.VALUE}, "Triton backend get")
+        _expect(s.remote.stats()["errors"] + s.remote.stats()["rejects"], 0, "remote errors/rejects")
+
+    def check_tier() -> None:
+        before = s.remote.stats()["hits"] + s.remote.stats()["misses"]
+        _expect(s.tier.get(s.key), rp.VALUE, "TieredIndex.get (local hit)")
+        _expect(s.disk.get(s.key), rp.VALUE, "DiskIndex.get")
+        _expect(
+            s.remote.stats()["hits"] + s.remote.stats()["misses"], before, "remote untouched by a local hit"
+        )
+
+    size = f"{len(rp.VALUE)} B"
+    rows = [
+        (f"remote get hit ({size})", "redis-py GET (same bytes)", "r.get(rk)", True),
+        (f"remote get hit ({size})", "jitkey RemoteIndex.get", "ri.get(k)", False),
+        (f"remote get hit ({size})", "triton RedisRemoteCacheBackend.get", "tb.get(fn)", False),
+        (f"remote put ({size})", "redis-py SET (same bytes)", "r.set(rk, raw)", True),
+        (f"remote put ({size})", "jitkey RemoteIndex.put", "ri.put(k, v)", False),
+        (f"remote put ({size})", "triton RedisRemoteCacheBackend.put", "tb.put(f, v)", False),
+    ]
+    cases = [
+        Case(g, impl, stmt, env, check_remote, baseline=base, unit="us")
+        for g, impl, stmt, base in rows
+        if s.triton is not None or "triton" not in impl
+    ]
+    cases += [
+        Case("tiered local hit", "jitkey DiskIndex.get", "dx.get(k)", env, check_tier, baseline=True),
+        Case("tiered local hit", "jitkey TieredIndex.get", "tx.get(k)", env, check_tier),
+    ]
+    return cases
+
+
 def launch_section(quick: bool) -> SectionResult:
     """GPU launch overhead: Triton fn[grid] vs the jitkey binding vs CompiledKernel.run vs torch.add."""
-    try:
-        import torch
-    except ImportError:
-        return Skipped("launch", "torch is not installed")
-    if not torch.cuda.is_available():
-        return Skipped(
-            "launch", "no CUDA GPU here (torch.cuda.is_available() is False); run on an NVIDIA GPU"
-        )
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return Skipped("launch", "triton is not installed")
+    why = gpu_unavailable_reason()
+    if why is not None:
+        return Skipped("launch", why)
     from jitkey import triton_bench
 
     batches, launches = (20, 100) if quick else (100, 200)
@@ -304,6 +360,11 @@ class LaunchRun:
     run: Callable[[], dict[str, Any]]
     batches: int
     launches: int
+
+    def describe(self) -> str:
+        return (
+            f"4 kernels, {self.batches} batches of {self.launches} launches per implementation, interleaved"
+        )
 
     def results(self) -> list[Result]:
         res = self.run()  # each implementation's output is checked against torch before timing
@@ -334,5 +395,6 @@ SECTIONS: dict[str, Callable[[bool], SectionResult]] = {
     "cache": cache_section,
     "lookup": lookup_section,
     "disk": disk_section,
+    "remote": remote_section,
     "launch": launch_section,
 }

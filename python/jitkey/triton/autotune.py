@@ -66,6 +66,7 @@ from jitkey._core import DiskIndex, LruCache, digest, encode
 from jitkey.env import env_key
 from jitkey.errors import ArgumentError, JitKeyError
 from jitkey.fnkey import function_key
+from jitkey.remote import RemoteIndex, TieredIndex, default_index
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "PersistentAutotuner", "autotune"]
 
@@ -78,16 +79,10 @@ _MISS: Final = object()
 _NO_DTYPE: Final = frozenset({int, float, bool, str, bytes, type(None)})
 _QUANTILES: Final = (0.5, 0.2, 0.8)
 
-_default_index_lock = threading.Lock()
-_default_index: DiskIndex | None = None
 
-
-def _get_default_index() -> DiskIndex:
-    global _default_index
-    with _default_index_lock:
-        if _default_index is None:
-            _default_index = DiskIndex()
-        return _default_index
+def _get_default_index() -> DiskIndex | TieredIndex:
+    """``DiskIndex()``, or a ``TieredIndex`` over it with ``$JITKEY_REMOTE_CACHE`` set (jitkey.remote)."""
+    return default_index()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -231,7 +226,7 @@ class PersistentAutotuner:
         configs: Sequence[Any],
         key: Iterable[str],
         *,
-        index: DiskIndex | str | os.PathLike[str] | bool | None = None,
+        index: DiskIndex | TieredIndex | RemoteIndex | str | os.PathLike[str] | bool | None = None,
         prune_configs_by: Mapping[str, Any] | None = None,
         reset_to_zero: Iterable[str] | None = None,
         restore_value: Iterable[str] | None = None,
@@ -330,17 +325,20 @@ class PersistentAutotuner:
         self._launcher = launcher or _default_launcher
 
         if index is None:
-            self._index: DiskIndex | None = _get_default_index()
+            self._index: DiskIndex | TieredIndex | RemoteIndex | None = _get_default_index()
         elif index is False:
             self._index = None
         elif index is True:
             self._index = _get_default_index()
-        elif isinstance(index, DiskIndex):
+        elif isinstance(index, (DiskIndex, TieredIndex, RemoteIndex)):
             self._index = index
         elif isinstance(index, (str, os.PathLike)):
             self._index = DiskIndex(index)
         else:
-            raise TypeError(f"index= takes a DiskIndex, a directory path, True/None or False, not {index!r}")
+            raise TypeError(
+                f"index= takes a DiskIndex, TieredIndex, RemoteIndex, a directory path, True/None or False, "
+                f"not {index!r}"
+            )
 
         self._mem = LruCache(capacity)
         self._env: dict[int, bytes] = {}
@@ -737,14 +735,16 @@ def autotune(
     do_bench: Callable[..., Any] | None = None,
     cache_results: bool | None = None,
     *,
-    index: DiskIndex | str | os.PathLike[str] | bool | None = None,
+    index: DiskIndex | TieredIndex | RemoteIndex | str | os.PathLike[str] | bool | None = None,
     launcher: Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any] | None = None,
     capacity: int = 1024,
 ) -> Callable[[Any], PersistentAutotuner]:
     """``triton.autotune`` whose winning configs persist in a :class:`jitkey.DiskIndex` (module docstring).
 
-    Triton's arguments keep their meaning. ``index``: a ``DiskIndex``, a directory for one, ``None``/``True``
-    for the default directory (``DiskIndex()``, shared by every autotuner in the process), or ``False`` for
+    Triton's arguments keep their meaning. ``index``: a ``DiskIndex``, a :class:`jitkey.TieredIndex` or
+    :class:`jitkey.RemoteIndex` (shared across hosts on Redis), a directory for a ``DiskIndex``,
+    ``None``/``True`` for the default (:func:`jitkey.remote.default_index`: ``DiskIndex()``, tiered over
+    ``$JITKEY_REMOTE_CACHE`` when set; shared by every autotuner in the process), or ``False`` for
     in-memory only. ``launcher(fn, grid, args, kwargs)`` replaces the launch (tests, simulations);
     ``capacity`` bounds the in-memory cache.
 

@@ -17,8 +17,41 @@ use pyo3::types::{PyBytes, PyDict, PyType};
 use crate::errors::{DiskIndexWarning, IndexClosedError, KeyLengthError, ValueTooLargeError};
 use crate::keys::with_encoding;
 
+mod tier; // jitkey.TieredIndex's native local-hit path (the Redis tier, python/jitkey/remote.py)
+
 type Digest = [u8; 32];
 
+/// A persistent key → bytes index in one directory, shared by many processes (unix only).
+///
+/// One append-only log, ``index.v1.jki``, with 8-byte aligned, xxh3-64 checksummed records.
+/// Writers append under an advisory ``flock`` on ``index.lock`` (one write per batch, identical
+/// values are not written twice); readers take no lock: they index only records that validate and
+/// re-check a record's checksum and key before returning its value, so a torn, damaged or foreign
+/// file gives a miss, never a wrong value. A get that misses looks for new appends (or a file
+/// compacted by another process) at once; a hit notices another process's update of the same key
+/// within 200 ms, or at once after :meth:`refresh`. When the file passes ``max_bytes`` (or is more
+/// than half dead above 8 MiB), the writer rewrites the live entries to a temp file, fsyncs it and
+/// renames it over the log, evicting the oldest entries down to 3/4 of ``max_bytes``.
+///
+/// ``path`` is a directory, created with mode 0700 if missing. Default: ``$JITKEY_CACHE_DIR``,
+/// else ``$XDG_CACHE_HOME/jitkey``, else ``~/.cache/jitkey``. ``durability="none"`` (default):
+/// a killed process loses at most the batch it was writing, power loss may lose recent appends;
+/// ``"full"``: ``fdatasync`` after every batch and an fsync of the directory after renames.
+///
+/// Keys: a 32-byte ``bytes`` is used as the digest itself (e.g. from :func:`digest`); any other
+/// keyable value (as for :func:`encode`) is digested. Values: ``bytes`` of at most
+/// :attr:`MAX_VALUE` bytes.
+///
+/// The environment never raises: an unusable, foreign-owned or group/world-writable directory, a
+/// file that is not an index, a network filesystem, a full disk or a lock held longer than 10 s
+/// make the index read-only (hits from the file, puts kept in this process's memory) or
+/// memory-only, with one :class:`jitkey.errors.DiskIndexWarning` per kind; see :attr:`mode` and
+/// :attr:`mode_reason`. After ENOSPC/EDQUOT/EFBIG, writes stay in memory for 60 s, then retry.
+/// ``JITKEY_DISK_CACHE=ro`` or ``0`` forces read-only or memory-only mode.
+///
+/// Raises:
+///     ValueError: ``durability`` not ``"none"``/``"full"``, ``max_bytes`` below 65536, or a bad
+///         ``JITKEY_DISK_CACHE``.
 #[pyclass(name = "DiskIndex", module = "jitkey._core", frozen)]
 pub(crate) struct PyDiskIndex {
     inner: Arc<DiskIndex>,
@@ -149,6 +182,12 @@ impl PyDiskIndex {
         MAX_VALUE
     }
 
+    /// Return the value stored under ``key``, or ``None``.
+    ///
+    /// Raises:
+    ///     jitkey.errors.KeyLengthError: a ``bytes`` key that is not 32 bytes long.
+    ///     jitkey.errors.UnsupportedKeyError: a key jitkey cannot encode.
+    ///     jitkey.errors.IndexClosedError: the index was closed.
     fn get<'py>(&self, py: Python<'py>, key: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let k = key_digest(key)?;
         self.lookup(py, &k)
@@ -159,9 +198,15 @@ impl PyDiskIndex {
         Ok(self.lookup(py, &k)?.is_some())
     }
 
-    /// `True` when the value is in the file; `False` when the environment kept it in this
-    /// process's memory only (read-only or memory mode, lock timeout, disk full): it is served
-    /// here but would not survive the process.
+    /// Store ``value`` under ``key`` (the latest put wins, across processes).
+    ///
+    /// Returns ``True`` when the value is in the file, ``False`` when the environment kept it in
+    /// this process's memory only (read-only or memory mode, lock timeout, disk full): it is served
+    /// here but does not outlive the process.
+    ///
+    /// Raises:
+    ///     jitkey.errors.ValueTooLargeError: ``value`` is longer than :attr:`MAX_VALUE`.
+    ///     TypeError: ``value`` is not ``bytes``; key errors as for :meth:`get`.
     fn put(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &[u8]) -> PyResult<bool> {
         let k = key_digest(key)?;
         let r = py.detach(|| self.inner.put(&k, value));
@@ -169,6 +214,10 @@ impl PyDiskIndex {
         r.map(|o| o.memory_only == 0).map_err(index_err)
     }
 
+    /// Store many entries with one lock acquisition and one write; returns as :meth:`put`
+    /// (``True``: every entry is in the file).
+    ///
+    /// Nothing is written if any value is too large (:class:`jitkey.errors.ValueTooLargeError`).
     fn put_many(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<bool> {
         let iter = match items.cast::<PyDict>() {
             Ok(d) => d.call_method0("items")?.try_iter()?,
@@ -186,6 +235,7 @@ impl PyDiskIndex {
         r.map(|o| o.memory_only == 0).map_err(index_err)
     }
 
+    /// Remove ``key`` (a tombstone record); return whether it was present.
     fn delete(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<bool> {
         let k = key_digest(key)?;
         let r = py.detach(|| self.inner.delete(&k));
@@ -198,6 +248,7 @@ impl PyDiskIndex {
         self.inner.len().map_err(index_err)
     }
 
+    /// Pick up other processes' appends and compactions now.
     fn refresh(&self, py: Python<'_>) -> PyResult<()> {
         if self.inner.is_closed() {
             return Err(index_err(IndexError::Closed));
@@ -206,18 +257,27 @@ impl PyDiskIndex {
         Ok(())
     }
 
+    /// Rewrite the live entries to a new file now (evicting past the cap); ``False`` if the
+    /// index is not writable or the rewrite failed (then with a warning).
     fn compact(&self, py: Python<'_>) -> PyResult<bool> {
         let r = py.detach(|| self.inner.compact());
         self.flush_warnings(py)?;
         r.map_err(index_err)
     }
 
+    /// Remove every entry, for every process (a compaction to an empty file).
     fn clear(&self, py: Python<'_>) -> PyResult<bool> {
         let r = py.detach(|| self.inner.clear());
         self.flush_warnings(py)?;
         r.map_err(index_err)
     }
 
+    /// Counters and state: ``mode``, ``mode_reason``, ``path``, ``hits``, ``misses``, ``appends``,
+    /// ``dedup_skips``, ``torn_tails_padded``, ``invalid_bytes_padded``, ``corrupt_records_skipped``,
+    /// ``compactions``, ``evictions``, ``lock_acquisitions``, ``lock_timeouts``, ``lock_wait_us_p50``
+    /// and ``lock_wait_us_p99`` (power-of-two bucket bounds), ``write_errors``, ``memory_only_puts``,
+    /// ``refreshes``, ``reopens``, ``entries``, ``file_bytes``, ``live_bytes``, ``generation``,
+    /// ``max_bytes``. Counters are per process.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.inner.stats();
         let (mode, reason) = self.inner.mode();
@@ -255,16 +315,19 @@ impl PyDiskIndex {
         Ok(d)
     }
 
+    /// ``"rw"``, ``"ro"`` (hits from the file, puts in memory) or ``"memory"``.
     #[getter]
     fn mode(&self) -> &'static str {
         self.inner.mode().0.as_str()
     }
 
+    /// Why the mode is not ``"rw"`` (empty when it is).
     #[getter]
     fn mode_reason(&self) -> String {
         self.inner.mode().1
     }
 
+    /// The log file (``<directory>/index.v1.jki``).
     #[getter]
     fn path(&self) -> PathBuf {
         self.inner.path().to_path_buf()
@@ -275,6 +338,7 @@ impl PyDiskIndex {
         self.inner.is_closed()
     }
 
+    /// Unmap and close the files; later calls raise :class:`jitkey.errors.IndexClosedError`.
     fn close(&self, py: Python<'_>) {
         py.detach(|| self.inner.close());
     }
@@ -307,6 +371,7 @@ impl PyDiskIndex {
         Ok(())
     }
 
+    /// The directory used when ``path`` is ``None`` (from the environment).
     #[classmethod]
     fn default_directory(_cls: &Bound<'_, PyType>) -> Option<PathBuf> {
         default_dir()
@@ -321,5 +386,5 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let kw = PyDict::new(py);
     kw.set_item("after_in_child", hook)?;
     py.import("os")?.call_method("register_at_fork", (), Some(&kw))?;
-    Ok(())
+    tier::register(m)
 }

@@ -603,14 +603,28 @@ pub(crate) fn with_encoding<R>(
     })
 }
 
-/// encode(value, /) -> bytes
+/// Return the canonical encoding of a key tree.
+///
+/// Leaves: ``None``, ``bool``, ``int`` (any size), ``float`` (bit-exact, one canonical NaN), ``str``,
+/// ``bytes``, ``tuple`` (nested up to :data:`MAX_DEPTH`), ``torch.dtype``, ``torch.device`` and objects
+/// whose type defines ``__jitkey__()`` (returning a key tree). Exact types only: subclasses of builtins
+/// need ``__jitkey__`` too. Equal encodings mean equal key trees; ``True``, ``1``, ``1.0`` and ``"1"``
+/// all differ.
+///
+/// Raises:
+///     jitkey.errors.UnsupportedKeyError: a value of another type (a ``TypeError``); the message
+///         names the type and its position, e.g. ``value[1][0]``.
+///     jitkey.errors.KeyDepthError: nesting deeper than :data:`MAX_DEPTH`.
 #[pyfunction]
 #[pyo3(signature = (value, /))]
 fn encode<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
     with_encoding(value, "value", |b| PyBytes::new(value.py(), b))
 }
 
-/// digest(value, /) -> bytes
+/// Return the 32-byte persistent key of a key tree.
+///
+/// ``hashlib.blake2b(DIGEST_DOMAIN + encode(value), digest_size=32).digest()``, computed in Rust;
+/// stable across processes, machines and Python versions. Raises like :func:`encode`.
 #[pyfunction]
 #[pyo3(signature = (value, /))]
 fn digest<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
@@ -618,14 +632,16 @@ fn digest<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
     Ok(PyBytes::new(value.py(), &d))
 }
 
-/// fast_hash(value, /) -> int
+/// Return the in-memory 64-bit hash of a key tree (seeded per process; not stable across processes).
+///
+/// Raises like :func:`encode`.
 #[pyfunction]
 #[pyo3(signature = (value, /))]
 fn fast_hash(value: &Bound<'_, PyAny>) -> PyResult<u64> {
     with_encoding(value, "value", |b| fast_hash_state().hash(b))
 }
 
-/// digest_encoding(encoding, /) -> bytes: the digest of an encoding obtained from `encode`.
+/// Return the 32-byte digest of an encoding obtained from :func:`encode`.
 #[pyfunction]
 #[pyo3(signature = (encoding, /))]
 fn digest_encoding<'py>(py: Python<'py>, encoding: &[u8]) -> Bound<'py, PyBytes> {

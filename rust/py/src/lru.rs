@@ -68,6 +68,21 @@ struct Flight {
     done: Condvar,
 }
 
+/// A bounded, thread-safe cache from key trees (as for :func:`encode`) to any Python objects.
+///
+/// Keys are compared by their canonical encoding (``1``, ``True``, ``1.0`` and ``"1"`` are four
+/// different keys; a hash collision can never return another key's value). A hit takes no lock
+/// and writes no shared memory, so lookups scale across threads, free-threaded CPython included.
+///
+/// Eviction is SIEVE, an LRU approximation: a hit marks the entry visited; when a shard is full,
+/// a hand sweeps from the oldest entry, clearing marks, and evicts the first unmarked one. It is
+/// scan-resistant (a burst of one-off keys evicts itself, not the hot set). The capacity is
+/// split evenly among ``shards``, each evicting on its own, so a cache may start evicting a
+/// little before it holds ``capacity`` entries.
+///
+/// Values that are replaced, evicted, popped or cleared are released outside the cache's locks,
+/// once no concurrent lookup can still be reading them (with concurrent readers, possibly at a
+/// later write): a value's ``__del__`` may use the cache.
 #[pyclass(name = "LruCache", module = "jitkey._core", frozen)]
 pub(crate) struct PyLruCache {
     inner: Cache<Slot>,
@@ -258,6 +273,12 @@ impl PyLruCache {
         Ok(Self { inner: Cache::new(capacity, shards), flights: Mutex::new(HashMap::new()) })
     }
 
+    /// Return the value stored under ``key`` (marking it recently used), else ``default``.
+    ///
+    /// Raises:
+    ///     jitkey.errors.UnsupportedKeyError: ``key`` is not a key tree, or its ``__jitkey__``
+    ///         raised (chained as ``__cause__``).
+    ///     jitkey.errors.KeyDepthError: ``key`` nests deeper than :data:`MAX_DEPTH`.
     #[pyo3(signature = (key, default = None))]
     fn get<'py>(
         &self,
@@ -294,7 +315,7 @@ impl PyLruCache {
         with_key(key, |hash, enc, _| self.inner.contains(hash, enc))
     }
 
-    /// pop(key[, default]): remove `key` and return its value, else `default` or `KeyError`.
+    /// Remove ``key`` and return its value; else return ``default``, or raise ``KeyError``.
     #[pyo3(signature = (key, *default))]
     fn pop<'py>(
         &self,
@@ -318,6 +339,16 @@ impl PyLruCache {
         }
     }
 
+    /// Return the value under ``key``; on a miss, call ``factory()``, store and return its result.
+    ///
+    /// Single-flight: when several threads miss on the same key at once, ``factory`` runs once
+    /// (in the first of them) and all of them get its result. The others wait with the
+    /// interpreter released (no deadlock with the GIL or with a free-threaded stop-the-world).
+    /// If ``factory`` raises, nothing is stored and every waiting caller gets the same
+    /// exception. The factory runs with no cache lock held and may use the cache, but calling
+    /// ``get_or_insert`` for the *same* key from inside its own factory raises ``RuntimeError``
+    /// (it would wait for itself); two factories waiting on each other's keys from two threads
+    /// deadlock, as in any single-flight scheme.
     fn get_or_insert<'py>(
         &self,
         py: Python<'py>,
@@ -335,6 +366,7 @@ impl PyLruCache {
         })?
     }
 
+    /// Remove every entry (counters are kept).
     fn clear(&self) {
         drop(self.inner.clear());
     }
@@ -343,16 +375,21 @@ impl PyLruCache {
         self.inner.len()
     }
 
+    /// Most entries the cache holds.
     #[getter]
     fn capacity(&self) -> usize {
         self.inner.capacity()
     }
 
+    /// Number of shards (see the constructor).
     #[getter]
     fn shards(&self) -> usize {
         self.inner.shards()
     }
 
+    /// Counters: ``hits``, ``misses`` (lookups by ``get``/``[]``/``get_or_insert``),
+    /// ``inserts`` (stores, replacements included), ``evictions`` (entries dropped to stay
+    /// within capacity), ``size`` and ``capacity``.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         drop(self.inner.take_displaced());
         let s = self.inner.stats();

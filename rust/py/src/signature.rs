@@ -1163,7 +1163,19 @@ fn expected_types(b: &ByType) -> String {
 
 // ---- the Signature class -----------------------------------------------------------------------
 
-/// Call arguments → key, compiled once per kernel (see `python/jitkey/_core.pyi`).
+/// Call arguments → key, compiled once per kernel from per-parameter rules (see :mod:`jitkey.rules`).
+///
+/// ``params`` is a sequence of ``(name, rule)`` or ``(name, rule, default)`` tuples (parameters with
+/// defaults come last and may be left out of a call). ``extra`` is any keyable value folded into
+/// every key: the function's identity, device, options, knob state.
+///
+/// A call's key is a header (tag ``0x10``, the plan's description, then ``extra``'s encoding)
+/// followed by one leaf per parameter; the encoding is injective, so equal keys mean equal
+/// signatures, extras and per-parameter leaves.
+///
+/// Raises:
+///     jitkey.errors.SignatureError: a malformed parameter or rule, a duplicate name, a required
+///         parameter after a defaulted one, or an ``extra`` / default that cannot be keyed.
 #[pyclass(name = "Signature", module = "jitkey._core", frozen)]
 pub(crate) struct Signature {
     names: Vec<String>,
@@ -1445,13 +1457,13 @@ impl Signature {
         PyTuple::new(py, &self.names)
     }
 
-    /// The `extra` value folded into every key.
+    /// The value folded into every key (``()`` when ``extra`` was omitted or ``None``).
     #[getter]
     fn extra<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
         self.extra.bind(py).clone()
     }
 
-    /// The key bytes every call's key starts with (signature header + extra).
+    /// The bytes every key of this signature starts with.
     #[getter]
     fn header<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.header)
@@ -1465,6 +1477,11 @@ impl Signature {
         format!("Signature({})", self.names.join(", "))
     }
 
+    /// Return the key of a call (positional arguments as a tuple).
+    ///
+    /// Raises:
+    ///     jitkey.errors.ArgumentError: wrong argument count, or an argument its rule cannot key
+    ///         (the message names the parameter, e.g. ``parameter 'n': expected an int``).
     #[pyo3(signature = (args, /))]
     fn encode<'py>(&self, args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyBytes>> {
         with_encoder(|enc| {
@@ -1473,6 +1490,7 @@ impl Signature {
         })
     }
 
+    /// Return the 32-byte persistent key of a call: blake2b-256 over ``DIGEST_DOMAIN + encode(args)``.
     #[pyo3(signature = (args, /))]
     fn digest<'py>(&self, args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyBytes>> {
         with_encoder(|enc| {
@@ -1481,6 +1499,7 @@ impl Signature {
         })
     }
 
+    /// Return the in-memory 64-bit hash of a call's key (seeded per process).
     #[pyo3(signature = (args, /))]
     fn fast_hash(&self, args: &Bound<'_, PyTuple>) -> PyResult<u64> {
         with_encoder(|enc| {
@@ -1489,6 +1508,10 @@ impl Signature {
         })
     }
 
+    /// The hot path: key the call and probe ``cache`` in one native call.
+    ///
+    /// Returns the cached value, or :data:`MISS`. Builds no Python object on a hit.
+    /// Raises like :meth:`encode`.
     #[pyo3(signature = (cache, args, /))]
     fn lookup<'py>(
         &self,
@@ -1504,6 +1527,7 @@ impl Signature {
         Ok(hit.unwrap_or_else(|| miss(py).bind(py).clone().into_any()))
     }
 
+    /// Store ``value`` in ``cache`` under the call's key.
     #[pyo3(signature = (cache, args, value, /))]
     fn insert(
         &self,
@@ -1519,9 +1543,11 @@ impl Signature {
         })
     }
 
-    /// Single-flight through the cache: concurrent misses on one call key run `factory` once
-    /// and share its result (or its exception); a failed run stores nothing. The encoding lives
-    /// in a copy, so the factory may itself use signatures (and this thread's key buffer).
+    /// Return the cached value for the call, or call ``factory()``, store and return its result.
+    ///
+    /// The factory runs with no lock held; an exception from it propagates and stores nothing.
+    /// Single-flight: concurrent misses on one call key run ``factory`` once and share its result
+    /// (or its exception).
     #[pyo3(signature = (cache, args, factory, /))]
     fn get_or_insert<'py>(
         &self,
@@ -1545,6 +1571,9 @@ impl Signature {
         cache.get().fill_miss(py, hash, &key, None, |_| factory.call0())
     }
 
+    /// The key as a tuple: ``(extra, leaf_0, leaf_1, ...)``, one tuple of components per parameter.
+    ///
+    /// Holds the same information as :meth:`encode` (tensor dtypes and devices shown as strings).
     #[pyo3(signature = (args, /))]
     fn flatten<'py>(&self, args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyTuple>> {
         let py = args.py();
@@ -1558,6 +1587,9 @@ impl Signature {
         PyTuple::new(py, out)
     }
 
+    /// Name the parameters and buckets that make two calls key differently.
+    ///
+    /// E.g. ``["x.aligned: True != False", "n.equals_1: False != True"]``; ``[]`` when the keys are equal.
     #[pyo3(signature = (args_a, args_b, /))]
     fn explain(&self, args_a: &Bound<'_, PyTuple>, args_b: &Bound<'_, PyTuple>) -> PyResult<Vec<String>> {
         let a = with_encoder(|enc| self.encode_args(args_a, enc).map(|()| enc.as_bytes().to_vec()))?;

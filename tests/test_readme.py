@@ -1,0 +1,36 @@
+"""The README's code blocks run as pasted (each alone in a fresh interpreter): see tests/readme_snippets.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import readme_snippets
+
+README = Path(__file__).parent.parent / "README.md"
+SNIPPETS = readme_snippets.snippets(README.read_text(encoding="utf-8"))
+
+
+def test_the_readme_has_runnable_snippets() -> None:
+    runnable = [s for s in SNIPPETS if s.mark is None]
+    assert len(runnable) >= 5, [s.id for s in SNIPPETS]
+
+
+@pytest.mark.parametrize("snippet", SNIPPETS, ids=[s.id for s in SNIPPETS])
+def test_readme_snippet_runs(snippet: readme_snippets.Snippet) -> None:
+    why = readme_snippets.skip_reason(snippet, sys.executable)
+    if why is not None:
+        pytest.skip(why)
+    proc = readme_snippets.run(snippet, sys.executable)
+    assert proc.returncode == 0, f"{snippet.code}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+
+
+def test_env_table_lists_every_variable_jitkey_reads() -> None:
+    from jitkey._info import ENV_VARS
+
+    text = README.read_text(encoding="utf-8")
+    for name in ENV_VARS:
+        assert f"| `{name}`" in text, f"{name} is missing from the README's environment table"
