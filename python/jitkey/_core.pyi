@@ -161,12 +161,15 @@ class DiskIndex:
     keyable value (as for :func:`encode`) is digested. Values: ``bytes`` of at most
     :attr:`MAX_VALUE` bytes.
 
-    The environment never raises: an unusable, foreign-owned or group/world-writable directory, a
-    file that is not an index, a network filesystem, a full disk or a lock held longer than 10 s
-    make the index read-only (hits from the file, puts kept in this process's memory) or
-    memory-only, with one :class:`jitkey.errors.DiskIndexWarning` per kind; see :attr:`mode` and
-    :attr:`mode_reason`. After ENOSPC/EDQUOT/EFBIG, writes stay in memory for 60 s, then retry.
-    ``JITKEY_DISK_CACHE=ro`` or ``0`` forces read-only or memory-only mode.
+    The environment never raises: an unusable, foreign-owned or group/world-writable directory (a
+    sticky one such as ``/tmp`` only when named explicitly, by ``path`` or ``$JITKEY_CACHE_DIR``), a
+    file that is not an index, a symlink, FIFO or file of another user under the index's names, a
+    network filesystem, a full disk or a lock held longer than 10 s make the index read-only (hits
+    from the file, puts kept in this process's memory) or memory-only, with one
+    :class:`jitkey.errors.DiskIndexWarning` per kind; see :attr:`mode` and :attr:`mode_reason`.
+    After ENOSPC/EDQUOT/EFBIG, writes stay in memory for 60 s, then retry. A file that shrinks
+    or is copied over while mapped gives misses (never a signal) and is rewritten from what is
+    left by the next writer. ``JITKEY_DISK_CACHE=ro`` or ``0`` forces read-only or memory-only mode.
 
     Raises:
         ValueError: ``durability`` not ``"none"``/``"full"``, ``max_bytes`` below 65536, or a bad
@@ -192,15 +195,19 @@ class DiskIndex:
             jitkey.errors.IndexClosedError: the index was closed.
         """
     def __contains__(self, key: object, /) -> bool: ...
-    def put(self, key: object, value: bytes) -> None:
+    def put(self, key: object, value: bytes) -> bool:
         """Store ``value`` under ``key`` (the latest put wins, across processes).
+
+        Returns ``True`` when the value is in the file, ``False`` when the environment kept it in
+        this process's memory only (it is served here but does not outlive the process).
 
         Raises:
             jitkey.errors.ValueTooLargeError: ``value`` is longer than :attr:`MAX_VALUE`.
             TypeError: ``value`` is not ``bytes``; key errors as for :meth:`get`.
         """
-    def put_many(self, items: Iterable[tuple[object, bytes]] | Mapping[object, bytes]) -> None:
-        """Store many entries with one lock acquisition and one write.
+    def put_many(self, items: Iterable[tuple[object, bytes]] | Mapping[object, bytes]) -> bool:
+        """Store many entries with one lock acquisition and one write; the return value is as
+        for :meth:`put` (``True``: every entry is in the file).
 
         Nothing is written if any value is too large (:class:`jitkey.errors.ValueTooLargeError`).
         """
@@ -220,7 +227,7 @@ class DiskIndex:
         ``dedup_skips``, ``torn_tails_padded``, ``invalid_bytes_padded``, ``corrupt_records_skipped``,
         ``compactions``, ``evictions``, ``lock_acquisitions``, ``lock_timeouts``, ``lock_wait_us_p50``
         and ``lock_wait_us_p99`` (power-of-two bucket bounds), ``write_errors``, ``memory_only_puts``,
-        ``refreshes``, ``reopens``, ``entries``, ``file_bytes``, ``live_bytes``, ``generation``,
+        ``refreshes``, ``reopens``, ``shrinks_seen``, ``entries``, ``file_bytes``, ``live_bytes``, ``generation``,
         ``max_bytes``. Counters are per process."""
     @property
     def mode(self) -> str:
@@ -244,6 +251,11 @@ class DiskIndex:
     @classmethod
     def default_directory(cls) -> pathlib.Path | None:
         """The directory used when ``path`` is ``None`` (from the environment)."""
+
+def _after_fork_in_child() -> None:
+    """Registered with ``os.register_at_fork(after_in_child=...)`` at import: frees a forked child
+    from the locks of every live :class:`DiskIndex` that another thread of the parent held at the
+    fork (an in-flight put or refresh). Not for direct use."""
 
 @disjoint_base
 class _TierBase:

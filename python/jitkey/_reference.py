@@ -31,8 +31,15 @@ def _type_name(tp: type) -> str:
 
 
 def _is_torch(value: Any, name: str) -> bool:
+    """Whether ``value``'s type is the real ``torch.<name>`` type object (a C type): a class that
+    only calls itself ``torch.dtype`` is an ordinary object."""
+    torch = sys.modules.get("torch")
     tp = type(value)
-    return tp.__module__ == "torch" and tp.__name__ == name and "torch" in sys.modules
+    return (
+        torch is not None
+        and tp is getattr(torch, name, None)
+        and not tp.__flags__ & (1 << 9)  # Py_TPFLAGS_HEAPTYPE: not a Python class
+    )
 
 
 def encode(value: Any, _depth: int = 0) -> bytes:

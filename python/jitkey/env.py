@@ -121,6 +121,19 @@ def _device_key(device: bool | int) -> tuple[object, ...]:
     )
 
 
+def _env_text(s: str | None) -> str | bytes | None:
+    """An environment name or value as a keyable value: the str, or, when it is not valid UTF-8
+    (Python decodes such bytes with lone surrogates, which no key accepts), its raw bytes: a
+    different type, so it never collides with a str."""
+    if s is None:
+        return None
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(s)
+    return s
+
+
 def env_key(
     names: Iterable[str] = DEFAULT_ENV_VARS,
     prefixes: Iterable[str] = (),
@@ -164,7 +177,9 @@ def env_key(
         wanted.update(k for k in environ if k.startswith(prefix_list))
     if names is DEFAULT_ENV_VARS:
         wanted.update(_triton_set_env_vars())
-    out: list[tuple[str, object]] = [("env", tuple((k, environ.get(k)) for k in sorted(wanted)))]
+    out: list[tuple[str, object]] = [
+        ("env", tuple((_env_text(k), _env_text(environ.get(k))) for k in sorted(wanted, key=os.fsencode)))
+    ]
     if versions:
         out.append(("versions", _versions()))
     if compiler:

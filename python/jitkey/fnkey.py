@@ -63,11 +63,14 @@ global *writes*.
 from __future__ import annotations
 
 import builtins
+import collections
 import dis
 import enum
 import functools
 import importlib.metadata
 import inspect
+import keyword
+import linecache
 import os
 import re
 import sys
@@ -83,8 +86,10 @@ from jitkey.errors import FunctionKeyError, GlobalsChangedError, KeyDepthError, 
 
 __all__ = ["GlobalsGuard", "function_key", "function_key_tree", "is_library_code"]
 
-KEY_VERSION: Final[int] = 1
-"""Version of the function-key tree layout; part of every key."""
+KEY_VERSION: Final[int] = 2
+"""Version of the function-key tree layout; part of every key. 2: functions are numbered in the
+order a work list (no recursion) builds them, and source text counts only when it compiles to the
+code that runs."""
 
 _MISSING: Final = object()
 _CACHE_TAG: Final[str] = str(sys.implementation.cache_tag)
@@ -290,15 +295,47 @@ def _source_of(code: types.CodeType) -> str | None:
 def _find_source(code: types.CodeType) -> str | None:
     try:
         src = textwrap.dedent(inspect.getsource(code))
-    except (OSError, TypeError, IndentationError, SyntaxError):
+    except (OSError, TypeError, IndentationError, SyntaxError, UnicodeDecodeError):
         return None
     name = code.co_name
     if name == "<lambda>":
-        return src if "lambda" in src else None
+        if "lambda" not in src:
+            return None
     # A source file edited after import makes linecache return text of another function.
-    if re.search(rf"\b(?:def|class)\s+{re.escape(name)}\b", src) is None:
+    elif re.search(rf"\b(?:def|class)\s+{re.escape(name)}\b", src) is None:
+        return None
+    # ... or of another version of this function: the text counts only if it is the code that runs.
+    if not _source_compiles_to(code):
         return None
     return src
+
+
+def _source_compiles_to(code: types.CodeType) -> bool:
+    """Whether compiling the file text that ``inspect`` read for ``code`` (``linecache``) yields a code
+    object equal to ``code`` at the same first line: same instructions, constants, names and line
+    table. A file edited after import (a notebook, a long-running server) fails this, and the key
+    then uses the bytecode that runs rather than text that does not."""
+    lines = linecache.getlines(code.co_filename)
+    if not lines:
+        return False
+    module_code = _compile_text(code.co_filename, "".join(lines))
+    if module_code is None:
+        return False
+    stack = [module_code]
+    while stack:
+        co = stack.pop()
+        if co.co_firstlineno == code.co_firstlineno and co.co_name == code.co_name and co == code:
+            return True
+        stack.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
+    return False
+
+
+@functools.lru_cache(maxsize=64)
+def _compile_text(filename: str, text: str) -> types.CodeType | None:
+    try:
+        return compile(text, filename, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, OverflowError, MemoryError, RecursionError):
+        return None
 
 
 def _code_key(code: types.CodeType, src: str | None) -> tuple[object, ...]:
@@ -361,6 +398,9 @@ class _Walk:
         self.ignore = ignore
         self.nodes: list[object] = []
         self.index: dict[int, int] = {}
+        # Nodes discovered but not built yet: built by drain() from a work list, not by recursion,
+        # so a call chain of any length is walked without touching the recursion limit.
+        self.pending: collections.deque[tuple[int, Callable[[], object]]] = collections.deque()
         self.alive: list[object] = []  # keeps walked objects alive so their ids stay unique
         self.triton = _triton_types()
         # Guard entries: (namespace dict, name, value), (cell, value), (object, attribute, value).
@@ -377,15 +417,14 @@ class _Walk:
             self.index[id(obj)] = idx
             self.alive.append(obj)
             self.nodes.append(None)
-            try:
-                self.nodes[idx] = build()
-            except BaseException:
-                # Roll back so that a caller catching the error never sees a half-built node.
-                for dead in self.alive[idx:]:
-                    del self.index[id(dead)]
-                del self.alive[idx:], self.nodes[idx:]
-                raise
+            self.pending.append((idx, build))
         return ("node", idx)
+
+    def drain(self) -> None:
+        """Builds every pending node, in discovery order (each build may discover more)."""
+        while self.pending:
+            idx, build = self.pending.popleft()
+            self.nodes[idx] = build()
 
     def function(
         self, fn: types.FunctionType, src: str | None = None, extra: object = None
@@ -678,6 +717,7 @@ def _walk(
         raise TypeError("ignore= takes an iterable of names, not a single str")
     walk = _Walk(strict=strict, follow=follow or _default_follow, ignore=frozenset(ignore))
     root = walk.root(fn)
+    walk.drain()
     return walk, root
 
 
@@ -736,6 +776,11 @@ def _cell_is_empty(cell: types.CellType) -> bool:
     except ValueError:
         return True
     return False
+
+
+def _plain_name(name: str) -> bool:
+    """Whether ``name`` can be written in source as a global read (an identifier, not a keyword)."""
+    return name.isidentifier() and not keyword.iskeyword(name)
 
 
 def _fresh_names(count: int, avoid: set[str]) -> list[str]:
@@ -897,8 +942,15 @@ class GlobalsGuard:
             gone = absent[key][1] if key in absent else []
             first = pos == len(namespaces) - 1
             n_own = len(values) + 1 + (len(objs) if first else 0) + (checker is not None)
-            params = _fresh_names(n_own, avoid=set(names))
-            terms = [f"{n} is {p}" for n, p in zip(names, params, strict=False)]
+            params = _fresh_names(n_own + 1, avoid=set(names))
+            missing_param = params.pop()
+            dict_param = params[len(values)]
+            # A name that is not an identifier (AST-built code can load any string as a global) is
+            # read from the namespace dict instead of pasted into the source.
+            terms = [
+                f"{n} is {p}" if _plain_name(n) else f"{dict_param}.get({n!r}, {missing_param}) is {p}"
+                for n, p in zip(names, params, strict=False)
+            ]
             terms += [f"{n!r} not in {params[len(values)]}" for n in gone]
             args: list[object] = [*values, d]
             if first:
@@ -910,7 +962,7 @@ class GlobalsGuard:
             if checker is not None:
                 terms.append(f"{params[len(args)]}()")
                 args.append(checker)
-            checker = _make_checker(params, terms, d, args)
+            checker = _make_checker([*params, missing_param], terms, d, [*args, _MISSING])
         if checker is None:  # nothing read from any namespace
             params = [f"_jk{i}" for i in range(len(objs))]
             terms = [t.format(**{f"o{i}": params[i] for i in range(len(objs))}) for t in obj_terms]

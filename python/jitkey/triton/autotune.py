@@ -531,14 +531,15 @@ class PersistentAutotuner:
         if dkey is not None and self._index is not None:
             raw = self._index.get(dkey)
             if raw is not None:
-                i = self._decode(raw)
-                if i is not None:
+                decoded = self._decode(raw)
+                if decoded is not None:
+                    i, stored_timings = decoded
                     with self._lock:
                         self._stats["disk_hits"] += 1
                     cfg = self.configs[i]
                     listener = _autotune_listener()
                     if listener is not None:
-                        self._notify(listener, mkey, cfg, self._stored_timings(raw), None, cache_hit=True)
+                        self._notify(listener, mkey, cfg, stored_timings, None, cache_hit=True)
                     return cfg, cfg.all_kwargs()
                 with self._lock:
                     self._stats["disk_rejects"] += 1
@@ -578,19 +579,6 @@ class PersistentAutotuner:
             cache_hit=cache_hit,
         )
 
-    def _stored_timings(self, raw: bytes) -> dict[Any, Any]:
-        """``{config: timing}`` of a stored value :meth:`_decode` accepted."""
-        out: dict[Any, Any] = {}
-        for item in json.loads(raw).get("timings", []):
-            if (
-                isinstance(item, list)
-                and len(item) == 2
-                and type(item[0]) is int
-                and 0 <= item[0] < len(self.configs)
-            ):
-                out[self.configs[item[0]]] = item[1]
-        return out
-
     def _encode(self, best: int, timings: dict[int, Any]) -> bytes:
         value = {
             "schema": SCHEMA,
@@ -602,11 +590,12 @@ class PersistentAutotuner:
         }
         return json.dumps(value, sort_keys=True, allow_nan=True).encode()
 
-    def _decode(self, raw: bytes) -> int | None:
-        """The config index a stored value names, or ``None`` for anything not exactly our schema."""
+    def _decode(self, raw: bytes) -> tuple[int, dict[Any, Any]] | None:
+        """The config index a stored value names and its ``{config: timing}``, or ``None`` (a counted
+        reject) for anything not exactly our schema: damaged values never raise."""
         try:
             value = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
             return None
         if not isinstance(value, dict) or value.get("schema") != SCHEMA or value.get("v") != SCHEMA_VERSION:
             return None
@@ -615,7 +604,22 @@ class PersistentAutotuner:
             return None
         if value.get("config") != self._config_digests[i]:
             return None
-        return i
+        items = value.get("timings")
+        if not isinstance(items, list):
+            return None
+        timings: dict[Any, Any] = {}
+        for item in items:
+            if not (
+                isinstance(item, list)
+                and len(item) == 2
+                and type(item[0]) is int
+                and 0 <= item[0] < len(self.configs)
+                and isinstance(item[1], list)
+                and all(type(t) in (int, float) for t in item[1])
+            ):
+                return None
+            timings[self.configs[item[0]]] = item[1]
+        return i, timings
 
     def _prune(self, nargs: dict[str, Any], kwargs: dict[str, Any]) -> list[Any]:
         pruned = self.configs

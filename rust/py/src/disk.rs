@@ -5,6 +5,7 @@
 
 use std::ffi::CString;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
 
 use jitkey_core::disk::{
     default_dir, Access, DiskIndex, Durability, Fault, IndexError, Options, Probe, MAX_VALUE,
@@ -41,19 +42,38 @@ type Digest = [u8; 32];
 /// keyable value (as for :func:`encode`) is digested. Values: ``bytes`` of at most
 /// :attr:`MAX_VALUE` bytes.
 ///
-/// The environment never raises: an unusable, foreign-owned or group/world-writable directory, a
-/// file that is not an index, a network filesystem, a full disk or a lock held longer than 10 s
-/// make the index read-only (hits from the file, puts kept in this process's memory) or
-/// memory-only, with one :class:`jitkey.errors.DiskIndexWarning` per kind; see :attr:`mode` and
-/// :attr:`mode_reason`. After ENOSPC/EDQUOT/EFBIG, writes stay in memory for 60 s, then retry.
-/// ``JITKEY_DISK_CACHE=ro`` or ``0`` forces read-only or memory-only mode.
+/// The environment never raises: an unusable, foreign-owned or group/world-writable directory (a
+/// sticky one such as ``/tmp`` only when named explicitly, by ``path`` or ``$JITKEY_CACHE_DIR``), a
+/// file that is not an index, a symlink, FIFO or file of another user under the index's names, a
+/// network filesystem, a full disk or a lock held longer than 10 s make the index read-only (hits
+/// from the file, puts kept in this process's memory) or memory-only, with one
+/// :class:`jitkey.errors.DiskIndexWarning` per kind; see :attr:`mode` and :attr:`mode_reason`.
+/// After ENOSPC/EDQUOT/EFBIG, writes stay in memory for 60 s, then retry. A file that shrinks
+/// or is copied over while mapped gives misses (never a signal) and is rewritten from what is
+/// left by the next writer. ``JITKEY_DISK_CACHE=ro`` or ``0`` forces read-only or memory-only mode.
 ///
 /// Raises:
 ///     ValueError: ``durability`` not ``"none"``/``"full"``, ``max_bytes`` below 65536, or a bad
 ///         ``JITKEY_DISK_CACHE``.
 #[pyclass(name = "DiskIndex", module = "jitkey._core", frozen)]
 pub(crate) struct PyDiskIndex {
-    inner: DiskIndex,
+    inner: Arc<DiskIndex>,
+}
+
+/// Every live index, for the fork hook. Touched only attached to the interpreter (creation and
+/// the hook), so no thread holds it across a fork in a GIL build.
+static LIVE: Mutex<Vec<Weak<DiskIndex>>> = Mutex::new(Vec::new());
+
+/// `os.register_at_fork(after_in_child=...)`: frees the child from locks other threads of the
+/// parent held at the fork (an in-flight put, a refresh), see `DiskIndex::after_fork_in_child`.
+#[pyfunction]
+fn _after_fork_in_child() {
+    let Ok(mut live) = LIVE.try_lock() else { return };
+    live.retain(|w| w.strong_count() > 0);
+    for idx in live.iter().filter_map(Weak::upgrade) {
+        // SAFETY: called by os.fork in the child, single-threaded, outside every index method.
+        unsafe { idx.after_fork_in_child() };
+    }
 }
 
 /// A 32-byte `bytes` is taken as a digest; any other keyable value is digested.
@@ -138,12 +158,21 @@ impl PyDiskIndex {
                 )))
             }
         };
+        // A directory named by the caller (an argument or $JITKEY_CACHE_DIR) may be a sticky shared
+        // one (files there must still be this user's own); a derived default may not.
+        let explicit = path.is_some() || std::env::var_os("JITKEY_CACHE_DIR").is_some_and(|v| !v.is_empty());
         let dir = path.or_else(default_dir).unwrap_or_else(|| {
             access = Access::Memory;
             PathBuf::new()
         });
-        let opts = Options { max_bytes, durability, access, ..Options::default() };
-        let inner = py.detach(|| DiskIndex::open(&dir, opts));
+        let opts =
+            Options { max_bytes, durability, access, trust_sticky_dir: explicit, ..Options::default() };
+        let inner = Arc::new(py.detach(|| DiskIndex::open(&dir, opts)));
+        {
+            let mut live = LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            live.retain(|w| w.strong_count() > 0);
+            live.push(Arc::downgrade(&inner));
+        }
         let this = Self { inner };
         this.flush_warnings(py)?;
         Ok(this)
@@ -174,20 +203,24 @@ impl PyDiskIndex {
 
     /// Store ``value`` under ``key`` (the latest put wins, across processes).
     ///
+    /// Returns ``True`` when the value is in the file, ``False`` when the environment kept it in
+    /// this process's memory only (it is served here but does not outlive the process).
+    ///
     /// Raises:
     ///     jitkey.errors.ValueTooLargeError: ``value`` is longer than :attr:`MAX_VALUE`.
     ///     TypeError: ``value`` is not ``bytes``; key errors as for :meth:`get`.
-    fn put(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &[u8]) -> PyResult<()> {
+    fn put(&self, py: Python<'_>, key: &Bound<'_, PyAny>, value: &[u8]) -> PyResult<bool> {
         let k = key_digest(key)?;
         let r = py.detach(|| self.inner.put(&k, value));
         self.flush_warnings(py)?;
-        r.map(|_| ()).map_err(index_err)
+        r.map(|o| o.memory_only == 0).map_err(index_err)
     }
 
-    /// Store many entries with one lock acquisition and one write.
+    /// Store many entries with one lock acquisition and one write; the return value is as
+    /// for :meth:`put` (``True``: every entry is in the file).
     ///
     /// Nothing is written if any value is too large (:class:`jitkey.errors.ValueTooLargeError`).
-    fn put_many(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn put_many(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<bool> {
         let iter = match items.cast::<PyDict>() {
             Ok(d) => d.call_method0("items")?.try_iter()?,
             Err(_) => items.try_iter()?,
@@ -201,7 +234,7 @@ impl PyDiskIndex {
         let batch: Vec<(Digest, &[u8])> = owned.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
         let r = py.detach(|| self.inner.put_many(&batch));
         self.flush_warnings(py)?;
-        r.map(|_| ()).map_err(index_err)
+        r.map(|o| o.memory_only == 0).map_err(index_err)
     }
 
     /// Remove ``key`` (a tombstone record); return whether it was present.
@@ -245,7 +278,7 @@ impl PyDiskIndex {
     /// ``dedup_skips``, ``torn_tails_padded``, ``invalid_bytes_padded``, ``corrupt_records_skipped``,
     /// ``compactions``, ``evictions``, ``lock_acquisitions``, ``lock_timeouts``, ``lock_wait_us_p50``
     /// and ``lock_wait_us_p99`` (power-of-two bucket bounds), ``write_errors``, ``memory_only_puts``,
-    /// ``refreshes``, ``reopens``, ``entries``, ``file_bytes``, ``live_bytes``, ``generation``,
+    /// ``refreshes``, ``reopens``, ``shrinks_seen``, ``entries``, ``file_bytes``, ``live_bytes``, ``generation``,
     /// ``max_bytes``. Counters are per process.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.inner.stats();
@@ -272,6 +305,7 @@ impl PyDiskIndex {
             ("memory_only_puts", s.memory_only_puts),
             ("refreshes", s.refreshes),
             ("reopens", s.reopens),
+            ("shrinks_seen", s.shrinks_seen),
             ("entries", s.entries),
             ("file_bytes", s.file_bytes),
             ("live_bytes", s.live_bytes),
@@ -348,5 +382,11 @@ impl PyDiskIndex {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyDiskIndex>()?;
+    let hook = wrap_pyfunction!(_after_fork_in_child, m)?;
+    m.add_function(hook.clone())?;
+    let py = m.py();
+    let kw = PyDict::new(py);
+    kw.set_item("after_in_child", hook)?;
+    py.import("os")?.call_method("register_at_fork", (), Some(&kw))?;
     tier::register(m)
 }

@@ -99,6 +99,9 @@ impl WalkError {
             WalkErrorKind::Key(e) => {
                 UnsupportedKeyError::new_err(format!("cannot key the value at {at}: {e}"))
             }
+            // KeyboardInterrupt, SystemExit, GeneratorExit (raised inside __jitkey__ or a
+            // __str__): not a key problem; they pass through unchanged.
+            WalkErrorKind::Py(err) if !err.is_instance_of::<pyo3::exceptions::PyException>(py) => err,
             WalkErrorKind::Py(err) => {
                 let wrapped = UnsupportedKeyError::new_err(format!(
                     "computing the key at {at} raised {}",
@@ -262,7 +265,9 @@ enum TorchKind {
 }
 
 /// Whether `tp` is `torch.dtype` / `torch.device`. The fast check is a pointer compare; the first
-/// sighting of each type checks `__module__`/`__name__` and caches the (leaked, immortal) type.
+/// sighting of each type must be the very type object `sys.modules["torch"].<name>` (a C type,
+/// not a Python class), then is cached (leaked, immortal). A class that only calls itself
+/// `torch.dtype` (its `__module__`/`__name__`) is an ordinary object, keyed only via `__jitkey__`.
 fn torch_kind(obj: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject) -> Option<TorchKind> {
     if tp == DTYPE_TYPE.load(Ordering::Acquire) {
         return Some(TorchKind::Dtype);
@@ -277,15 +282,50 @@ fn torch_kind(obj: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject) -> Option<Torc
         return None;
     }
     let name = ty.name().ok()?;
-    let (kind, slot) = match name.to_str().ok()? {
-        "dtype" => (TorchKind::Dtype, &DTYPE_TYPE),
-        "device" => (TorchKind::Device, &DEVICE_TYPE),
+    let (kind, slot, attr) = match name.to_str().ok()? {
+        "dtype" => (TorchKind::Dtype, &DTYPE_TYPE, intern!(py, "dtype")),
+        "device" => (TorchKind::Device, &DEVICE_TYPE, intern!(py, "device")),
         _ => return None,
     };
+    // SAFETY: `tp` is the live type of `obj`.
+    let heap = unsafe { ffi::PyType_GetFlags(tp) } & ffi::Py_TPFLAGS_HEAPTYPE != 0;
+    let modules = py.import(intern!(py, "sys")).ok()?.getattr(intern!(py, "modules")).ok()?;
+    let real = modules.get_item(intern!(py, "torch")).ok()?.getattr(attr).ok()?;
+    if heap || !std::ptr::eq(real.as_ptr(), tp.cast()) {
+        return None;
+    }
     // Keep the type alive forever: the cached pointer must never dangle.
     std::mem::forget(ty.clone().unbind());
     slot.store(tp, Ordering::Release);
     Some(kind)
+}
+
+/// Whether `obj` is a real `torch.dtype` (see [`torch_kind`]).
+pub(crate) fn is_torch_dtype(obj: &Bound<'_, PyAny>) -> bool {
+    torch_kind(obj, obj.get_type_ptr()) == Some(TorchKind::Dtype)
+}
+
+/// Whether `obj` is a real `torch.device` (see [`torch_kind`]).
+pub(crate) fn is_torch_device(obj: &Bound<'_, PyAny>) -> bool {
+    torch_kind(obj, obj.get_type_ptr()) == Some(TorchKind::Device)
+}
+
+/// `module.qualname` of a `__jitkey__` object's type, as `_reference._type_name` spells it: only
+/// `builtins` is left out. (PyO3's `fully_qualified_name` also drops `__main__`, which made a class
+/// of the main script share keys with a module's class of the same dotted name.)
+fn object_type_name(ty: &Bound<'_, PyType>) -> PyResult<String> {
+    let py = ty.py();
+    let module = ty.getattr(intern!(py, "__module__"))?;
+    let module = module.str()?;
+    let module = module.to_str()?;
+    let qualname = ty.getattr(intern!(py, "__qualname__"))?;
+    let qualname = qualname.str()?;
+    let qualname = qualname.to_str()?;
+    Ok(if module == "builtins" || module == "__builtin__" {
+        qualname.to_owned()
+    } else {
+        format!("{module}.{qualname}")
+    })
 }
 
 fn dtype_name(obj: &Bound<'_, PyAny>) -> WalkResult<Box<str>> {
@@ -478,8 +518,8 @@ fn walk_other(
     if depth >= MAX_DEPTH {
         return Err(KeyError::TooDeep { limit: MAX_DEPTH }.into());
     }
-    let type_name = ty.fully_qualified_name()?;
-    enc.object_header(type_name.to_str()?)?;
+    let type_name = object_type_name(&ty)?;
+    enc.object_header(&type_name)?;
     let value = match adapter {
         Some(f) => f.bind(py).call1((obj,)),
         None => obj.call_method0(intern!(py, "__jitkey__")),

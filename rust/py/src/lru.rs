@@ -48,6 +48,9 @@ fn with_key<R>(key: &Bound<'_, PyAny>, f: impl FnOnce(u64, &[u8], bool) -> R) ->
     })
 }
 
+/// How often a `get_or_insert` waiter wakes up to run signal handlers.
+const WAKE_FOR_SIGNALS: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// The outcome of one factory run, shared by the threads that waited for it.
 enum FlightState {
     Pending,
@@ -58,6 +61,9 @@ enum FlightState {
 /// One in-progress `get_or_insert` miss.
 struct Flight {
     leader: ThreadId,
+    /// The process the leader runs in: after `fork()` a flight led by a thread of the parent has
+    /// no leader in the child (it would never complete), so the child ignores it.
+    pid: u32,
     state: Mutex<FlightState>,
     done: Condvar,
 }
@@ -181,7 +187,7 @@ impl PyLruCache {
     ) -> PyResult<Bound<'py, PyAny>> {
         let role = {
             let mut flights = self.flights.lock_py_attached(py).unwrap_or_else(PoisonError::into_inner);
-            if let Some(f) = flights.get(key) {
+            if let Some(f) = flights.get(key).filter(|f| f.pid == std::process::id()) {
                 Role::Wait(f.clone())
             } else if let Some(v) = self.inner.peek_with(hash, key, |s| s.value.clone_ref(py)) {
                 // Another thread finished the flight between our miss and taking the lock.
@@ -189,6 +195,7 @@ impl PyLruCache {
             } else {
                 let f = Arc::new(Flight {
                     leader: std::thread::current().id(),
+                    pid: std::process::id(),
                     state: Mutex::new(FlightState::Pending),
                     done: Condvar::new(),
                 });
@@ -225,12 +232,22 @@ impl PyLruCache {
                          key on the same thread (it would wait for itself)",
                     ));
                 }
-                py.detach(|| {
-                    let mut st = flight.state.lock().unwrap_or_else(PoisonError::into_inner);
-                    while matches!(*st, FlightState::Pending) {
-                        st = flight.done.wait(st).unwrap_or_else(PoisonError::into_inner);
+                // Wait detached, re-attaching every 50 ms to run signal handlers: Ctrl-C (or any
+                // handler that raises) interrupts a waiter, while the flight goes on for the rest.
+                loop {
+                    let done = py.detach(|| {
+                        let st = flight.state.lock().unwrap_or_else(PoisonError::into_inner);
+                        let (st, _) = flight
+                            .done
+                            .wait_timeout_while(st, WAKE_FOR_SIGNALS, |s| matches!(s, FlightState::Pending))
+                            .unwrap_or_else(PoisonError::into_inner);
+                        !matches!(*st, FlightState::Pending)
+                    });
+                    if done {
+                        break;
                     }
-                });
+                    py.check_signals()?;
+                }
                 let st = flight.state.lock_py_attached(py).unwrap_or_else(PoisonError::into_inner);
                 match &*st {
                     FlightState::Ready(v) => Ok(v.bind(py).clone()),

@@ -305,11 +305,8 @@ fn dtype_name(d: &Bound<'_, PyAny>) -> Result<&'static str, Fail> {
 
 #[cold]
 fn dtype_name_slow(d: &Bound<'_, PyAny>) -> Result<&'static str, Fail> {
-    let py = d.py();
-    let ty = d.get_type();
-    let module: String = ty.getattr(intern!(py, "__module__")).and_then(|m| m.extract()).map_err(Fail::py)?;
-    let name = ty.name().map_err(Fail::py)?;
-    if module != "torch" || name.to_str().map_err(Fail::py)? != "dtype" {
+    // The real type object (issue 13): a class merely named torch.dtype must not fill the table.
+    if !crate::keys::is_torch_dtype(d) {
         return Err(Fail::msg(format!("tensor.dtype is not a torch.dtype (got {})", type_name(d))));
     }
     // str(torch.float16) is torch's own fixed spelling "torch.float16" (exact type checked above).
@@ -378,8 +375,7 @@ fn device_of(dev: &Bound<'_, PyAny>) -> Result<(&'static str, i64), Fail> {
 fn device_of_slow(dev: &Bound<'_, PyAny>) -> Result<(&'static str, i64), Fail> {
     let py = dev.py();
     let ty = dev.get_type();
-    let module: String = ty.getattr(intern!(py, "__module__")).and_then(|m| m.extract()).map_err(Fail::py)?;
-    if module != "torch" || ty.name().map_err(Fail::py)?.to_str().map_err(Fail::py)? != "device" {
+    if !crate::keys::is_torch_device(dev) {
         return Err(Fail::msg(format!("tensor.device is not a torch.device (got {})", type_name(dev))));
     }
     let type_str = dev.getattr(intern!(py, "type")).map_err(Fail::py)?;
@@ -447,6 +443,12 @@ impl Fail {
     }
     #[cold]
     fn into_pyerr(self, py: Python<'_>, param: &str) -> PyErr {
+        // KeyboardInterrupt / SystemExit raised while reading an argument pass through unchanged.
+        if let Some(c) =
+            self.cause.as_ref().filter(|c| !c.is_instance_of::<pyo3::exceptions::PyException>(py))
+        {
+            return c.clone_ref(py);
+        }
         let mut at = format!("'{param}'");
         for i in self.path.iter().rev() {
             at.push_str(&format!("[{i}]"));

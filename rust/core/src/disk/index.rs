@@ -21,12 +21,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use memmap2::{Mmap, MmapOptions};
 use rustix::fs::{flock, FlockOperation};
 
 use super::format::{
     encode_pads, encode_record, pad_len_for, parse_record, record_len, Digest, Header, HeaderError,
-    FORMAT_MAJOR, HEADER_LEN, MAX_RECORD, MAX_VALUE, TYPE_PUT, TYPE_TOMBSTONE,
+    FORMAT_MAJOR, HEADER_LEN, MAGIC, MAX_RECORD, MAX_VALUE, TYPE_PUT, TYPE_TOMBSTONE,
 };
 
 const LOCK_NAME: &str = "index.lock";
@@ -88,6 +87,10 @@ pub struct Options {
     pub refresh_interval: Duration,
     /// How long disk writes stay off after ENOSPC / EDQUOT / EFBIG.
     pub disable_for: Duration,
+    /// The caller named this directory explicitly: a group/world-writable directory with the
+    /// sticky bit (like `/tmp`) is then used, with every file in it required to be this user's
+    /// own. Otherwise such a directory degrades to memory-only like any other shared one.
+    pub trust_sticky_dir: bool,
 }
 
 impl Default for Options {
@@ -99,6 +102,7 @@ impl Default for Options {
             lock_timeout: Duration::from_secs(10),
             refresh_interval: Duration::from_millis(200),
             disable_for: Duration::from_secs(60),
+            trust_sticky_dir: false,
         }
     }
 }
@@ -145,6 +149,8 @@ pub struct PutOutcome {
     pub deduped: usize,
     /// Kept in this process's memory because the file could not take them.
     pub memory_only: usize,
+    /// The sequence number of the first record this batch wrote (compaction never evicts it).
+    pub first_seq: u64,
 }
 
 /// A snapshot of the counters (R12).
@@ -168,6 +174,9 @@ pub struct Stats {
     pub memory_only_puts: u64,
     pub refreshes: u64,
     pub reopens: u64,
+    /// Times this process found the file shorter than what it had validated (see
+    /// [`DiskIndex::refresh`]); the view was rebuilt, and a writer rewrote the file.
+    pub shrinks_seen: u64,
     pub entries: u64,
     pub file_bytes: u64,
     pub live_bytes: u64,
@@ -244,7 +253,7 @@ type Ident = (u64, u64);
 struct View {
     file: Arc<File>,
     ident: Ident,
-    map: Option<Arc<Mmap>>,
+    map: Option<Arc<fault_guard::GuardedMap>>,
     /// End of the validated prefix of the file.
     end: u64,
     generation: u64,
@@ -254,15 +263,29 @@ struct View {
 }
 
 impl View {
-    /// The validated record at `loc`, re-checked against `key`; `None` if the bytes changed.
-    fn value_at(&self, key: &Digest, loc: Loc) -> Option<&[u8]> {
+    /// Copies the record at `loc` out of the mapping, re-validates the copy against `key` and
+    /// calls `f(record bytes, value)` on it; `None` if the bytes changed. Validating the copy (not
+    /// the mapping) means a foreign writer or a shrinking file can give a miss, never a value that
+    /// differs from the one that was checksummed. A page lost to a shrink reads as zeros (see
+    /// [`fault_guard`]), which fails validation.
+    fn with_record<R>(&self, key: &Digest, loc: Loc, f: impl FnOnce(&[u8], &[u8]) -> R) -> Option<R> {
         let map = self.map.as_ref()?;
         let (off, len) = (loc.off as usize, loc.len as usize);
         if off + len > self.end as usize || off + len > map.len() {
             return None;
         }
-        match parse_record(&map[off..off + len]) {
-            Some(r) if r.ty == TYPE_PUT && r.key == key && r.len == len => Some(r.value),
+        let src = &map.bytes()[off..off + len];
+        let mut small = [0u8; 512];
+        let mut big = Vec::new();
+        let copy: &mut [u8] = if len <= small.len() {
+            &mut small[..len]
+        } else {
+            big.resize(len, 0);
+            &mut big[..]
+        };
+        copy.copy_from_slice(src);
+        match parse_record(copy) {
+            Some(r) if r.ty == TYPE_PUT && r.key == key && r.len == len => Some(f(copy, r.value)),
             _ => None,
         }
     }
@@ -300,6 +323,13 @@ impl View {
         Ok(size)
     }
 
+    /// Drops everything indexed: the next [`extend`](Self::extend) rescans from the header.
+    fn forget_all(&mut self) {
+        self.keydir.clear();
+        self.live_bytes = 0;
+        self.end = HEADER_LEN as u64;
+    }
+
     /// Indexes records this process just wrote at `at` (== the validated end, under the lock),
     /// without reading them back.
     fn apply_written(&mut self, at: u64, buf: &[u8]) -> io::Result<()> {
@@ -320,14 +350,145 @@ impl View {
             return Ok(());
         }
         // Reserve address space past the end so that appends rarely need a new mapping; only
-        // bytes below the validated end (<= the file size, which never shrinks) are ever touched.
+        // bytes below the validated end are ever touched.
         let len = (self.end * 2).max(16 << 20).next_multiple_of(1 << 20);
-        // SAFETY: the mapping is read-only; we only read below the validated end, bytes there
-        // are never rewritten for the life of the inode (module invariants), and every value is
-        // re-validated before use, so a foreign writer can cause a miss but not a wrong value.
-        let map = unsafe { MmapOptions::new().len(len as usize).map(&*self.file)? };
-        self.map = Some(Arc::new(map));
+        self.map = Some(Arc::new(fault_guard::GuardedMap::new(&self.file, len as usize)?));
         Ok(())
+    }
+}
+
+/// Keeps a file that shrinks under a live mapping (a truncation, `cp` over the index, a tool)
+/// from killing the process with SIGBUS. Every index mapping is registered here; a process-wide
+/// SIGBUS handler, installed once and chained to the previous one, replaces a faulting page that
+/// lies inside a registered mapping with a zero page and returns, so the read sees zeros, which
+/// never validate (a miss). Faults anywhere else go to the previous handler unchanged.
+mod fault_guard {
+    use std::cell::UnsafeCell;
+    use std::fs::File;
+    use std::io;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+
+    use memmap2::{Mmap, MmapOptions};
+    use std::sync::Once;
+
+    const SLOTS: usize = 1024;
+    static STARTS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+    static ENDS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+    static PAGE: AtomicUsize = AtomicUsize::new(4096);
+    /// Pages replaced by the handler since the process started.
+    pub static FAULTS: AtomicU64 = AtomicU64::new(0);
+    static INSTALL: Once = Once::new();
+
+    struct Prev(UnsafeCell<Option<libc::sigaction>>);
+    // SAFETY: written once inside `INSTALL` before the handler is installed; only read after.
+    unsafe impl Sync for Prev {}
+    static PREV: Prev = Prev(UnsafeCell::new(None));
+
+    fn install() {
+        INSTALL.call_once(|| unsafe {
+            let page = libc::sysconf(libc::_SC_PAGESIZE);
+            if page > 0 {
+                PAGE.store(page as usize, SeqCst);
+            }
+            let mut prev: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut prev) != 0 {
+                return;
+            }
+            *PREV.0.get() = Some(prev);
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = on_sigbus as *const () as usize;
+            act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER;
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaction(libc::SIGBUS, &act, std::ptr::null_mut());
+        });
+    }
+
+    fn inside(addr: usize) -> bool {
+        (0..SLOTS).any(|i| {
+            let s = STARTS[i].load(SeqCst);
+            s != 0 && addr >= s && addr < ENDS[i].load(SeqCst)
+        })
+    }
+
+    extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+        // Async-signal-safe: atomics and mmap(2) only.
+        unsafe {
+            let addr = (*info).si_addr() as usize;
+            if inside(addr) {
+                let page = PAGE.load(SeqCst);
+                let at = addr & !(page - 1);
+                let r = libc::mmap(
+                    at as *mut libc::c_void,
+                    page,
+                    libc::PROT_READ,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                    -1,
+                    0,
+                );
+                if r != libc::MAP_FAILED {
+                    FAULTS.fetch_add(1, SeqCst);
+                    return;
+                }
+            }
+            match *PREV.0.get() {
+                Some(prev) if prev.sa_flags & libc::SA_SIGINFO != 0 && prev.sa_sigaction > 1 => {
+                    let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                        std::mem::transmute(prev.sa_sigaction);
+                    f(sig, info, ctx);
+                }
+                Some(prev) if prev.sa_sigaction > 1 => {
+                    let f: extern "C" fn(libc::c_int) = std::mem::transmute(prev.sa_sigaction);
+                    f(sig);
+                }
+                _ => {
+                    // The default action: die of SIGBUS as if we had never been installed.
+                    let mut dfl: libc::sigaction = std::mem::zeroed();
+                    dfl.sa_sigaction = libc::SIG_DFL;
+                    libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
+                    libc::raise(libc::SIGBUS);
+                }
+            }
+        }
+    }
+
+    /// A read-only mapping of `len` bytes of a file, registered with the handler for its life.
+    pub struct GuardedMap {
+        map: Mmap,
+        slot: usize,
+    }
+
+    impl GuardedMap {
+        pub fn new(file: &File, len: usize) -> io::Result<Self> {
+            install();
+            // SAFETY: read-only; only bytes below the validated end are read, always copied out
+            // and re-validated before use, and a page lost to a shrink reads as zeros.
+            let map = unsafe { MmapOptions::new().len(len).map(file)? };
+            let start = map.as_ptr() as usize;
+            for slot in 0..SLOTS {
+                if STARTS[slot].compare_exchange(0, usize::MAX, SeqCst, SeqCst).is_ok() {
+                    ENDS[slot].store(start + map.len(), SeqCst);
+                    STARTS[slot].store(start, SeqCst);
+                    return Ok(Self { map, slot });
+                }
+            }
+            Err(io::Error::other("too many disk index mappings in this process"))
+        }
+
+        pub fn len(&self) -> usize {
+            self.map.len()
+        }
+
+        pub fn bytes(&self) -> &[u8] {
+            &self.map
+        }
+    }
+
+    impl Drop for GuardedMap {
+        fn drop(&mut self) {
+            // Deregister before `map` unmaps (fields drop after this body).
+            ENDS[self.slot].store(0, SeqCst);
+            STARTS[self.slot].store(0, SeqCst);
+        }
     }
 }
 
@@ -382,11 +543,49 @@ fn read_full_at(file: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
     Ok(n)
 }
 
+/// Opens `path` the way every index file is opened: without following a symlink, without
+/// blocking (a FIFO planted under our name), and accepted only if the descriptor is a regular
+/// file owned by this user (checked on the opened descriptor, so nothing can be swapped in
+/// between the check and the use).
+fn open_trusted(path: &Path, write: bool, create: bool) -> io::Result<File> {
+    let mut o = OpenOptions::new();
+    o.read(true).write(write);
+    if create {
+        o.create(true).truncate(false).mode(0o600);
+    }
+    o.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC);
+    let f = o.open(path)?;
+    let m = f.metadata()?;
+    if !m.file_type().is_file() {
+        return Err(io::Error::other(format!("{} is not a regular file; not trusting it", path.display())));
+    }
+    let euid = rustix::process::geteuid().as_raw();
+    if m.uid() != euid {
+        return Err(io::Error::other(format!(
+            "{} is owned by uid {}, not by this user (uid {euid}); not trusting it",
+            path.display(),
+            m.uid()
+        )));
+    }
+    Ok(f)
+}
+
+/// Whether the file has a hole (bytes never written) below `at`: a sign that it was cut while we
+/// wrote past the cut. Filesystems without `SEEK_HOLE` report none.
+fn hole_below(file: &File, at: u64) -> bool {
+    matches!(rustix::fs::seek(file, rustix::fs::SeekFrom::Hole(HEADER_LEN as u64)), Ok(h) if h < at)
+}
+
 /// Opens a file as an index view: header check, then a validated scan of every record.
 fn load_view(file: File) -> Result<View, Result<HeaderError, io::Error>> {
     let meta = file.metadata().map_err(Err)?;
     let mut head = [0u8; HEADER_LEN];
     let n = read_full_at(&file, &mut head, 0).map_err(Err)?;
+    if n < HEADER_LEN && MAGIC.starts_with(&head[..n.min(MAGIC.len())]) {
+        // Empty, or a prefix of our magic: our file cut short (a truncation), never another
+        // program's. Damaged: quarantined by a writer, nothing is lost that was still there.
+        return Err(Ok(HeaderError::Corrupt));
+    }
     let header = Header::decode(&head[..n]).map_err(Ok)?;
     let mut view = View {
         file: Arc::new(file),
@@ -476,6 +675,7 @@ struct Counters {
     memory_only_puts: AtomicU64,
     refreshes: AtomicU64,
     reopens: AtomicU64,
+    shrinks_seen: AtomicU64,
     /// Power-of-two microsecond buckets of the time spent waiting for the file lock.
     lock_wait: [AtomicU64; 32],
 }
@@ -509,9 +709,57 @@ struct Writer {
     fault: Option<(Fault, u32)>,
 }
 
+impl Writer {
+    fn new() -> Self {
+        Self {
+            pid: std::process::id(),
+            lock: None,
+            wfile: None,
+            disabled_until: None,
+            swept: false,
+            fault: None,
+        }
+    }
+}
+
+/// A lock that can be replaced in a forked child. After `fork()` only the forking thread exists:
+/// a lock another thread held at that moment stays held forever in the child. The child-side
+/// fork hook ([`DiskIndex::after_fork_in_child`]) replaces such a lock (and the state it
+/// guarded, which may be half-updated) with a fresh one; the old one is leaked, never dropped.
+struct ForkReset<T>(std::cell::UnsafeCell<T>);
+
+// SAFETY: shared access goes through `T` (a Sync lock); `reset` is only called in a forked child
+// while it is single-threaded, with no borrow of the old value alive.
+unsafe impl<T: Sync> Sync for ForkReset<T> {}
+unsafe impl<T: Send> Send for ForkReset<T> {}
+
+impl<T> ForkReset<T> {
+    fn new(v: T) -> Self {
+        Self(std::cell::UnsafeCell::new(v))
+    }
+
+    /// # Safety
+    /// Only in a forked child before it starts other threads, with no reference to the old value
+    /// alive (the fork hook runs from the interpreter, outside every `DiskIndex` method).
+    unsafe fn reset(&self, v: T) {
+        // SAFETY: per the contract; the old value is overwritten without being dropped.
+        unsafe { std::ptr::write(self.0.get(), v) }
+    }
+}
+
+impl<T> std::ops::Deref for ForkReset<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: only `reset` writes, under the contract above.
+        unsafe { &*self.0.get() }
+    }
+}
+
 enum WriteFail {
     Timeout,
     Io(io::Error),
+    /// `close()` ran (possibly in another thread) before or during the operation.
+    Closed,
 }
 
 impl From<io::Error> for WriteFail {
@@ -531,16 +779,16 @@ pub struct DiskIndex {
     path: PathBuf,
     lock_path: PathBuf,
     opts: Options,
-    view: RwLock<Option<View>>,
-    writer: Mutex<Writer>,
-    overlay: RwLock<Overlay>,
+    view: ForkReset<RwLock<Option<View>>>,
+    writer: ForkReset<Mutex<Writer>>,
+    overlay: ForkReset<RwLock<Overlay>>,
     overlay_used: AtomicBool,
     overlay_bytes: AtomicU64,
-    mode: RwLock<(Mode, String)>,
+    mode: ForkReset<RwLock<(Mode, String)>>,
     counters: Counters,
     warned: AtomicU8,
     pending: AtomicBool,
-    warnings: Mutex<Vec<String>>,
+    warnings: ForkReset<Mutex<Vec<String>>>,
     closed: AtomicBool,
     base: Instant,
     last_check_ns: AtomicU64,
@@ -554,23 +802,16 @@ impl DiskIndex {
             path: dir.join(log_name()),
             lock_path: dir.join(LOCK_NAME),
             opts,
-            view: RwLock::new(None),
-            writer: Mutex::new(Writer {
-                pid: std::process::id(),
-                lock: None,
-                wfile: None,
-                disabled_until: None,
-                swept: false,
-                fault: None,
-            }),
-            overlay: RwLock::new(Overlay::default()),
+            view: ForkReset::new(RwLock::new(None)),
+            writer: ForkReset::new(Mutex::new(Writer::new())),
+            overlay: ForkReset::new(RwLock::new(Overlay::default())),
             overlay_used: AtomicBool::new(false),
             overlay_bytes: AtomicU64::new(0),
-            mode: RwLock::new((Mode::Memory, String::new())),
+            mode: ForkReset::new(RwLock::new((Mode::Memory, String::new()))),
             counters: Counters::default(),
             warned: AtomicU8::new(0),
             pending: AtomicBool::new(false),
-            warnings: Mutex::new(Vec::new()),
+            warnings: ForkReset::new(Mutex::new(Vec::new())),
             closed: AtomicBool::new(false),
             base: Instant::now(),
             last_check_ns: AtomicU64::new(0),
@@ -606,6 +847,14 @@ impl DiskIndex {
                 meta.mode() & 0o7777
             ));
         }
+        if meta.mode() & 0o022 != 0 && !self.opts.trust_sticky_dir {
+            return Err(format!(
+                "{} is group- or world-writable (mode {:o}, sticky): other users can plant files there; \
+                 not trusting its contents (name the directory explicitly to use it)",
+                dir.display(),
+                meta.mode() & 0o7777
+            ));
+        }
         let mut rw = self.opts.access == Access::ReadWrite;
         let mut ro_reason = if rw { String::new() } else { "read-only requested".to_owned() };
         if let Some(fs_name) = network_fs(dir).filter(|_| rw) {
@@ -623,11 +872,11 @@ impl DiskIndex {
             }
         }
         for _ in 0..4 {
-            match File::open(&self.path) {
+            match open_trusted(&self.path, false, false) {
                 Ok(f) => match load_view(f) {
                     Ok(view) => {
                         if rw {
-                            if let Err(e) = OpenOptions::new().read(true).write(true).open(&self.path) {
+                            if let Err(e) = open_trusted(&self.path, true, false) {
                                 rw = false;
                                 ro_reason = format!("cannot open {} for writing: {e}", self.path.display());
                             }
@@ -672,6 +921,7 @@ impl DiskIndex {
     fn fail_reason(&self, e: WriteFail) -> String {
         match e {
             WriteFail::Timeout => format!("timed out waiting for {}", self.lock_path.display()),
+            WriteFail::Closed => "closed while opening".to_owned(),
             WriteFail::Io(e) => format!("cannot create {}: {e}", self.path.display()),
         }
     }
@@ -809,9 +1059,9 @@ impl DiskIndex {
                     if stale {
                         return Ok(Probe::Refresh);
                     }
-                    if let Some(v) = view.value_at(key, loc) {
+                    if let Some(r) = view.with_record(key, loc, |_, v| f(v)) {
                         self.counters.hits.fetch_add(1, Relaxed);
-                        return Ok(Probe::Hit(f(v)));
+                        return Ok(Probe::Hit(r));
                     }
                     self.counters.corrupt_records_skipped.fetch_add(1, Relaxed);
                 }
@@ -861,7 +1111,18 @@ impl DiskIndex {
             self.reopen_view();
             return;
         }
-        if file.metadata().is_ok_and(|m| m.len() > end) {
+        let Ok(size) = file.metadata().map(|m| m.len()) else { return };
+        if size < end {
+            // The file shrank under us (a truncation, a copy over it): what we indexed past its
+            // end is gone. Start over from the file as it is now.
+            self.counters.shrinks_seen.fetch_add(1, Relaxed);
+            if !self.reopen_view() {
+                let mut guard = self.view_mut();
+                if let Some(view) = guard.as_mut().filter(|v| v.ident == ident) {
+                    view.forget_all();
+                }
+            }
+        } else if size > end {
             let mut guard = self.view_mut();
             if let Some(view) = guard.as_mut() {
                 if view.ident == ident {
@@ -873,7 +1134,7 @@ impl DiskIndex {
 
     /// Replaces the view with the file now at `path` (if it is a valid index).
     fn reopen_view(&self) -> bool {
-        let Ok(f) = File::open(&self.path) else { return false };
+        let Ok(f) = open_trusted(&self.path, false, false) else { return false };
         match load_view(f) {
             Ok(v) => {
                 *self.view_mut() = Some(v);
@@ -925,14 +1186,7 @@ impl DiskIndex {
             w.wfile = None;
         }
         if w.lock.is_none() {
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .open(&self.lock_path)?;
-            w.lock = Some(f);
+            w.lock = Some(open_trusted(&self.lock_path, true, true)?);
         }
         Ok(())
     }
@@ -940,11 +1194,16 @@ impl DiskIndex {
     /// Runs `f` holding the in-process writer mutex and the exclusive file lock.
     fn locked<R>(&self, f: impl FnOnce(&mut Writer) -> Result<R, WriteFail>) -> Result<R, WriteFail> {
         let mut w = self.writer();
+        // `close()` takes the writer mutex before it drops the view: once we hold it, the view
+        // stays until we let go, and a closed index is refused here, not found missing later.
+        if self.closed.load(Relaxed) {
+            return Err(WriteFail::Closed);
+        }
         self.open_lock(&mut w)?;
         let start = Instant::now();
         let mut backoff = Duration::from_micros(20);
         {
-            let lock = w.lock.as_ref().expect("lock file open");
+            let Some(lock) = w.lock.as_ref() else { return Err(WriteFail::Closed) };
             loop {
                 match flock(lock, FlockOperation::NonBlockingLockExclusive) {
                     Ok(()) => break,
@@ -980,7 +1239,12 @@ impl DiskIndex {
     fn create_fresh(&self, generation: u64) -> io::Result<()> {
         let tmp = self.tmp_path();
         let r = (|| {
-            let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&tmp)?;
             f.write_all(&Header::new(generation, now_unix_ns()).encode())?;
             f.sync_all()?;
             fs::rename(&tmp, &self.path)?;
@@ -1005,7 +1269,7 @@ impl DiskIndex {
 
     fn quarantine_and_create(&self, _w: &mut Writer) -> Result<(), WriteFail> {
         // Re-check under the lock: another process may already have replaced it.
-        if let Ok(f) = File::open(&self.path) {
+        if let Ok(f) = open_trusted(&self.path, false, false) {
             if !matches!(load_view(f), Err(Ok(HeaderError::Corrupt))) {
                 return Ok(());
             }
@@ -1035,15 +1299,16 @@ impl DiskIndex {
     }
 
     /// Under the lock: make the view match the live file exactly, pad a torn tail, and open a
-    /// write fd on the same inode.
+    /// write fd on the same inode. A file that shrank below what we validated is rewritten to a
+    /// new inode first, so that no append ever lands past a hole.
     fn sync_locked(&self, w: &mut Writer) -> Result<(), WriteFail> {
         if !w.swept {
             // Holding the lock proves any temp file is an orphan of a dead compactor.
             self.sweep_tmp();
             w.swept = true;
         }
-        for _ in 0..4 {
-            let meta = match fs::metadata(&self.path) {
+        for _ in 0..6 {
+            let meta = match fs::symlink_metadata(&self.path) {
                 Ok(m) => m,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     self.create_fresh(1)?;
@@ -1053,9 +1318,8 @@ impl DiskIndex {
             };
             let cur = ident_of(&meta);
             let same = self.view_ref().as_ref().is_some_and(|v| v.ident == cur);
-            let mut size = None;
             if !same {
-                match File::open(&self.path).map_err(Err).and_then(load_view) {
+                match open_trusted(&self.path, false, false).map_err(Err).and_then(load_view) {
                     Ok(v) => {
                         *self.view_mut() = Some(v);
                         self.counters.reopens.fetch_add(1, Relaxed);
@@ -1073,21 +1337,26 @@ impl DiskIndex {
                     }
                     Err(Err(e)) => return Err(e.into()),
                 }
-            } else {
-                let mut g = self.view_mut();
-                size = Some(g.as_mut().expect("view present").extend()?);
             }
             let (ident, end, size) = {
-                let g = self.view_ref();
-                let v = g.as_ref().expect("view present");
-                let size = match size {
-                    Some(s) => s,
-                    None => v.file.metadata()?.len(),
-                };
+                let mut g = self.view_mut();
+                let v = g.as_mut().ok_or(WriteFail::Closed)?;
+                let size = v.file.metadata()?.len();
+                if size < v.end {
+                    // Shrunk under us. Appending at our end would leave a hole that stops every
+                    // fresh reader before our record: rebuild from what is left, to a new inode
+                    // (every process notices the rename).
+                    drop(g);
+                    self.rewrite_shrunk(w)?;
+                    continue;
+                }
+                if size > v.end {
+                    v.extend()?;
+                }
                 (v.ident, v.end, size)
             };
             if w.wfile.as_ref().is_none_or(|(_, id)| *id != ident) {
-                let f = OpenOptions::new().read(true).write(true).open(&self.path)?;
+                let f = open_trusted(&self.path, true, false)?;
                 let id = ident_of(&f.metadata()?);
                 if id != ident {
                     w.wfile = None;
@@ -1100,15 +1369,43 @@ impl DiskIndex {
                 let gap = (size - end) as usize;
                 let mut pads = Vec::new();
                 encode_pads(&mut pads, pad_len_for(gap));
-                w.wfile.as_ref().expect("wfile").0.write_all_at(&pads, end)?;
+                w.wfile.as_ref().ok_or(WriteFail::Closed)?.0.write_all_at(&pads, end)?;
                 self.counters.torn_tails_padded.fetch_add(1, Relaxed);
                 self.counters.invalid_bytes_padded.fetch_add(gap as u64, Relaxed);
-                let mut g = self.view_mut();
-                g.as_mut().expect("view present").extend()?;
+                self.view_mut().as_mut().ok_or(WriteFail::Closed)?.extend()?;
             }
             return Ok(());
         }
         Err(io::Error::other("index file keeps changing under the lock").into())
+    }
+
+    /// Under the lock, after the live file shrank below our validated end: index what is still
+    /// valid in it (read with `pread`, never through the mapping), then compact that to a new
+    /// file renamed over it.
+    fn rewrite_shrunk(&self, w: &mut Writer) -> Result<(), WriteFail> {
+        self.counters.shrinks_seen.fetch_add(1, Relaxed);
+        self.warn(
+            WarningKind::Corrupt,
+            format!(
+                "jitkey DiskIndex: {} shrank under this process (truncated or copied over); rewrote it from \
+                 what was left",
+                self.path.display()
+            ),
+        );
+        match open_trusted(&self.path, false, false).map_err(Err).and_then(load_view) {
+            Ok(v) => *self.view_mut() = Some(v),
+            Err(Ok(HeaderError::Corrupt)) => return self.quarantine_and_create(w),
+            Err(Ok(_)) => {
+                return Err(io::Error::other(format!(
+                    "{} was overwritten by a file that is not a jitkey index",
+                    self.path.display()
+                ))
+                .into())
+            }
+            Err(Err(e)) => return Err(e.into()),
+        }
+        w.wfile = None;
+        self.compact_locked(w, false, 0)
     }
 
     fn memory_put(&self, key: &Digest, value: Option<&[u8]>) {
@@ -1136,7 +1433,8 @@ impl DiskIndex {
         }
     }
 
-    /// Stores `value` under `key`.
+    /// Stores `value` under `key`. `memory_only` in the outcome says the file could not take it
+    /// (it is served from this process's memory only and would not survive the process).
     pub fn put(&self, key: &Digest, value: &[u8]) -> Result<PutOutcome, IndexError> {
         self.put_many(&[(*key, value)])
     }
@@ -1149,22 +1447,22 @@ impl DiskIndex {
             return Err(IndexError::ValueTooLarge { index, len: v.len() });
         }
         let ops: Vec<(Digest, Option<&[u8]>)> = items.iter().map(|(k, v)| (*k, Some(*v))).collect();
-        Ok(self.write_ops(&ops))
+        self.write_ops(&ops)
     }
 
     /// Removes `key` (a tombstone record). Returns whether it was present.
     pub fn delete(&self, key: &Digest) -> Result<bool, IndexError> {
         let present = self.contains(key)?;
         if present {
-            self.write_ops(&[(*key, None)]);
+            self.write_ops(&[(*key, None)])?;
         }
         Ok(present)
     }
 
-    fn write_ops(&self, ops: &[(Digest, Option<&[u8]>)]) -> PutOutcome {
+    fn write_ops(&self, ops: &[(Digest, Option<&[u8]>)]) -> Result<PutOutcome, IndexError> {
         let mut out = PutOutcome::default();
         if ops.is_empty() {
-            return out;
+            return Ok(out);
         }
         let to_memory = |out: &mut PutOutcome| {
             for (k, v) in ops {
@@ -1174,7 +1472,7 @@ impl DiskIndex {
         };
         if self.mode().0 != Mode::ReadWrite {
             to_memory(&mut out);
-            return out;
+            return Ok(out);
         }
         {
             let mut w = self.writer();
@@ -1182,72 +1480,107 @@ impl DiskIndex {
                 if Instant::now() < until {
                     drop(w);
                     to_memory(&mut out);
-                    return out;
+                    return Ok(out);
                 }
                 w.disabled_until = None;
             }
         }
         let res = self.locked(|w| {
-            self.sync_locked(w)?;
-            let mut buf = Vec::new();
-            let at;
-            {
-                let g = self.view_ref();
-                let view = g.as_ref().expect("view present");
-                at = view.end;
-                let mut seq = view.max_seq;
-                for (k, v) in ops {
-                    let existing = view.keydir.get(k).and_then(|&loc| view.value_at(k, loc));
-                    match (v, existing) {
-                        (Some(v), Some(e)) if *v == e => {
-                            out.deduped += 1;
-                            continue;
-                        }
-                        (None, None) => continue,
-                        _ => {}
-                    }
-                    seq += 1;
-                    match v {
-                        Some(v) => encode_record(&mut buf, TYPE_PUT, seq, k, v),
-                        None => encode_record(&mut buf, TYPE_TOMBSTONE, seq, k, &[]),
-                    }
-                    out.written += 1;
+            // Twice at most: a write that finds the file shrank under it is redone once on the
+            // rewritten file.
+            for _ in 0..2 {
+                out = PutOutcome::default();
+                self.sync_locked(w)?;
+                if self.append_locked(w, ops, &mut out)? {
+                    break;
                 }
-            }
-            if !buf.is_empty() {
-                let file = &w.wfile.as_ref().expect("wfile").0;
-                if matches!(w.fault, Some((Fault::SplitWrite, 0))) {
-                    // Not a multiple of 8, so the cut always lands inside a record.
-                    let half = buf.len() / 2 + 4;
-                    file.write_all_at(&buf[..half], at)?;
-                }
-                Self::hit_fault(w, Fault::SplitWrite);
-                let file = &w.wfile.as_ref().expect("wfile").0;
-                file.write_all_at(&buf, at)?;
-                if self.opts.durability == Durability::Full {
-                    file.sync_data()?;
-                }
-                self.view_mut().as_mut().expect("view present").apply_written(at, &buf)?;
-                self.counters.appends.fetch_add(out.written as u64, Relaxed);
             }
             self.counters.dedup_skips.fetch_add(out.deduped as u64, Relaxed);
             self.forget_overlay(ops.iter().map(|(k, _)| *k));
-            self.maybe_compact(w)?;
+            self.maybe_compact(w, out.first_seq)?;
             Ok(())
         });
         match res {
-            Ok(()) => out,
+            Ok(()) => Ok(out),
+            Err(WriteFail::Closed) => Err(IndexError::Closed),
             Err(fail) => {
                 self.handle_write_failure(fail);
                 out = PutOutcome::default();
                 to_memory(&mut out);
-                out
+                Ok(out)
             }
         }
     }
 
+    /// Encodes `ops` (skipping values already stored) and appends them at the validated end.
+    /// `false` when the file turned out to have shrunk under the write (redo after a sync).
+    fn append_locked(
+        &self,
+        w: &mut Writer,
+        ops: &[(Digest, Option<&[u8]>)],
+        out: &mut PutOutcome,
+    ) -> Result<bool, WriteFail> {
+        let mut buf = Vec::new();
+        let at;
+        {
+            let g = self.view_ref();
+            let view = g.as_ref().ok_or(WriteFail::Closed)?;
+            at = view.end;
+            let mut seq = view.max_seq;
+            out.first_seq = seq + 1;
+            for (k, v) in ops {
+                let existing = view.keydir.get(k).and_then(|&loc| match v {
+                    Some(v) => view.with_record(k, loc, |_, e| e == *v),
+                    None => Some(false),
+                });
+                match (v, existing) {
+                    (Some(_), Some(true)) => {
+                        out.deduped += 1;
+                        continue;
+                    }
+                    (None, None) => continue,
+                    _ => {}
+                }
+                seq += 1;
+                match v {
+                    Some(v) => encode_record(&mut buf, TYPE_PUT, seq, k, v),
+                    None => encode_record(&mut buf, TYPE_TOMBSTONE, seq, k, &[]),
+                }
+                out.written += 1;
+            }
+        }
+        if buf.is_empty() {
+            return Ok(true);
+        }
+        let file = &w.wfile.as_ref().ok_or(WriteFail::Closed)?.0;
+        // The file must still end exactly where we validated it: a truncation by anyone (they
+        // take no lock) would turn this write into one past a hole.
+        if file.metadata()?.len() != at {
+            return Ok(false);
+        }
+        if matches!(w.fault, Some((Fault::SplitWrite, 0))) {
+            // Not a multiple of 8, so the cut always lands inside a record.
+            let half = buf.len() / 2 + 4;
+            file.write_all_at(&buf[..half], at)?;
+        }
+        Self::hit_fault(w, Fault::SplitWrite);
+        let file = &w.wfile.as_ref().ok_or(WriteFail::Closed)?.0;
+        file.write_all_at(&buf, at)?;
+        if self.opts.durability == Durability::Full {
+            file.sync_data()?;
+        }
+        // And it must not have been cut between that check and the write: a hole below `at`.
+        if hole_below(file, at) {
+            return Ok(false);
+        }
+        self.view_mut().as_mut().ok_or(WriteFail::Closed)?.apply_written(at, &buf)?;
+        self.counters.appends.fetch_add(out.written as u64, Relaxed);
+        Ok(true)
+    }
+
     fn handle_write_failure(&self, fail: WriteFail) {
         match fail {
+            WriteFail::Closed => {}
             WriteFail::Timeout => self.warn(
                 WarningKind::LockTimeout,
                 format!(
@@ -1276,15 +1609,17 @@ impl DiskIndex {
         }
     }
 
-    fn maybe_compact(&self, w: &mut Writer) -> Result<(), WriteFail> {
+    /// `keep_from_seq`: records of the batch just written (seq >= it) are never evicted, so a put
+    /// that returned is never undone by the compaction it triggered (0: no such batch).
+    fn maybe_compact(&self, w: &mut Writer, keep_from_seq: u64) -> Result<(), WriteFail> {
         let (size, live) = {
             let g = self.view_ref();
-            let v = g.as_ref().expect("view present");
+            let v = g.as_ref().ok_or(WriteFail::Closed)?;
             (v.end, v.live_bytes)
         };
         let dead = size.saturating_sub(HEADER_LEN as u64 + live);
         if size > self.opts.max_bytes || (size > COMPACT_MIN_FILE && dead * 2 > size) {
-            self.compact_locked(w, false)?;
+            self.compact_locked(w, false, keep_from_seq)?;
         }
         Ok(())
     }
@@ -1312,10 +1647,11 @@ impl DiskIndex {
         }
         let res = self.locked(|w| {
             self.sync_locked(w)?;
-            self.compact_locked(w, empty)
+            self.compact_locked(w, empty, 0)
         });
         match res {
             Ok(()) => Ok(true),
+            Err(WriteFail::Closed) => Err(IndexError::Closed),
             Err(fail) => {
                 self.handle_write_failure(fail);
                 Ok(false)
@@ -1323,10 +1659,10 @@ impl DiskIndex {
         }
     }
 
-    fn compact_locked(&self, w: &mut Writer, empty: bool) -> Result<(), WriteFail> {
+    fn compact_locked(&self, w: &mut Writer, empty: bool, keep_from_seq: u64) -> Result<(), WriteFail> {
         self.sweep_tmp();
         let tmp = self.tmp_path();
-        let r = self.write_compacted(w, &tmp, empty);
+        let r = self.write_compacted(w, &tmp, empty, keep_from_seq);
         if r.is_err() {
             let _ = fs::remove_file(&tmp);
             return r;
@@ -1341,16 +1677,23 @@ impl DiskIndex {
         Ok(())
     }
 
-    fn write_compacted(&self, w: &mut Writer, tmp: &Path, empty: bool) -> Result<(), WriteFail> {
+    fn write_compacted(
+        &self,
+        w: &mut Writer,
+        tmp: &Path,
+        empty: bool,
+        keep_from_seq: u64,
+    ) -> Result<(), WriteFail> {
         let g = self.view_ref();
-        let view = g.as_ref().expect("view present");
+        let view = g.as_ref().ok_or(WriteFail::Closed)?;
         let mut entries: Vec<(Digest, Loc)> =
             if empty { Vec::new() } else { view.keydir.iter().map(|(k, l)| (*k, *l)).collect() };
         entries.sort_unstable_by_key(|(_, l)| (l.seq, l.off));
         let target = self.opts.max_bytes / 4 * 3;
         let mut total = HEADER_LEN as u64 + entries.iter().map(|(_, l)| u64::from(l.len)).sum::<u64>();
         let mut skip = 0;
-        while total > target && skip < entries.len() {
+        let evictable = |l: &Loc| keep_from_seq == 0 || l.seq < keep_from_seq;
+        while total > target && skip < entries.len() && evictable(&entries[skip].1) {
             total -= u64::from(entries[skip].1.len);
             skip += 1;
         }
@@ -1358,7 +1701,12 @@ impl DiskIndex {
             self.counters.evictions.fetch_add(skip as u64, Relaxed);
         }
         let entries = &entries[skip..];
-        let mut f = OpenOptions::new().write(true).create_new(true).mode(0o600).open(tmp)?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(tmp)?;
         Self::hit_fault(w, Fault::CompactTmpCreated);
         let mut buf = Vec::with_capacity(CHUNK + MAX_RECORD);
         buf.extend_from_slice(&Header::new(view.generation + 1, now_unix_ns()).encode());
@@ -1369,15 +1717,8 @@ impl DiskIndex {
                 buf.clear();
                 Self::hit_fault(w, Fault::CompactMidWrite);
             }
-            match view
-                .map
-                .as_ref()
-                .and_then(|m| m.get(loc.off as usize..(loc.off + u64::from(loc.len)) as usize))
-            {
-                Some(rec) if view.value_at(k, *loc).is_some() => buf.extend_from_slice(rec),
-                _ => {
-                    self.counters.corrupt_records_skipped.fetch_add(1, Relaxed);
-                }
+            if view.with_record(k, *loc, |rec, _| buf.extend_from_slice(rec)).is_none() {
+                self.counters.corrupt_records_skipped.fetch_add(1, Relaxed);
             }
             if buf.len() >= CHUNK {
                 f.write_all(&buf)?;
@@ -1428,6 +1769,7 @@ impl DiskIndex {
             memory_only_puts: c.memory_only_puts.load(Relaxed),
             refreshes: c.refreshes.load(Relaxed),
             reopens: c.reopens.load(Relaxed),
+            shrinks_seen: c.shrinks_seen.load(Relaxed),
             entries,
             file_bytes,
             live_bytes,
@@ -1436,10 +1778,13 @@ impl DiskIndex {
     }
 
     /// Drops the mapping and file descriptors; later calls return [`IndexError::Closed`].
+    /// Safe against every concurrent operation: it waits for an in-flight write (which holds the
+    /// writer mutex); operations that start later get [`IndexError::Closed`]; lock-free readers
+    /// hold their own reference to the mapping.
     pub fn close(&self) {
+        let mut w = self.writer();
         self.closed.store(true, Relaxed);
         *self.view_mut() = None;
-        let mut w = self.writer();
         w.wfile = None;
         w.lock = None;
         drop(w);
@@ -1448,6 +1793,39 @@ impl DiskIndex {
 
     pub fn is_closed(&self) -> bool {
         self.closed.load(Relaxed)
+    }
+
+    /// Call in a forked child, before it starts threads (jitkey's binding registers it with
+    /// `os.register_at_fork`). Locks that another thread of the parent held at the fork are
+    /// replaced (their state dropped: the view is reloaded from the file, a memory-only overlay
+    /// that was mid-update is forgotten); the file lock and write fd are the child's own from its
+    /// next write on. Without this, the child waited forever on its first write or get.
+    ///
+    /// # Safety
+    /// Only in the child right after `fork()`, while it is single-threaded, and not from inside
+    /// any method of this index.
+    pub unsafe fn after_fork_in_child(&self) {
+        use std::sync::TryLockError::WouldBlock;
+        // SAFETY (all resets): single-threaded child, no borrow alive (the caller's contract).
+        if matches!(self.writer.try_lock(), Err(WouldBlock)) {
+            unsafe { self.writer.reset(Mutex::new(Writer::new())) };
+        }
+        if matches!(self.overlay.try_write(), Err(WouldBlock)) {
+            unsafe { self.overlay.reset(RwLock::new(Overlay::default())) };
+            self.overlay_bytes.store(0, Relaxed);
+        }
+        if matches!(self.mode.try_write(), Err(WouldBlock)) {
+            unsafe { self.mode.reset(RwLock::new((Mode::ReadOnly, "reset after fork".to_owned()))) };
+        }
+        if matches!(self.warnings.try_lock(), Err(WouldBlock)) {
+            unsafe { self.warnings.reset(Mutex::new(Vec::new())) };
+        }
+        if matches!(self.view.try_write(), Err(WouldBlock)) {
+            unsafe { self.view.reset(RwLock::new(None)) };
+            if !self.closed.load(Relaxed) && !self.reopen_view() {
+                self.set_mode(Mode::Memory, "the index could not be reloaded after fork".to_owned());
+            }
+        }
     }
 }
 
@@ -1559,6 +1937,56 @@ mod tests {
         flock(&holder, FlockOperation::Unlock).unwrap();
         idx.put(&k(2), b"two").unwrap();
         assert_eq!(DiskIndex::open(&d, Options::default()).get(&k(2)).unwrap().as_deref(), Some(&b"two"[..]));
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn shrink_under_mapping_is_a_miss_and_the_next_put_rewrites() {
+        let d = tmpdir("shrink");
+        let idx = DiskIndex::open(&d, Options::default());
+        for i in 0..300 {
+            idx.put(&k(i), &[7u8; 200]).unwrap();
+        }
+        assert_eq!(idx.get(&k(299)).unwrap().as_deref(), Some(&[7u8; 200][..]));
+        OpenOptions::new().write(true).open(idx.path()).unwrap().set_len(0).unwrap();
+        // The mapped pages are gone: a miss, not a SIGBUS.
+        assert_eq!(idx.get(&k(299)).unwrap(), None);
+        assert_eq!(idx.put(&k(1000), b"x").unwrap().memory_only, 0);
+        assert!(idx.stats().shrinks_seen >= 1);
+        let fresh = DiskIndex::open(&d, Options::default());
+        assert_eq!(fresh.mode().0, Mode::ReadWrite);
+        assert_eq!(fresh.get(&k(1000)).unwrap().as_deref(), Some(&b"x"[..]));
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn close_racing_writes_never_panics() {
+        let d = tmpdir("closerace");
+        for round in 0..20u32 {
+            let idx = Arc::new(DiskIndex::open(&d, Options { max_bytes: 1 << 16, ..Options::default() }));
+            let workers: Vec<_> = (0..2u32)
+                .map(|t| {
+                    let idx = Arc::clone(&idx);
+                    std::thread::spawn(move || {
+                        for i in 0..2000u32 {
+                            let r = if i % 3 == 0 {
+                                idx.compact().map(|_| ())
+                            } else {
+                                idx.put(&k(round * 100_000 + t * 10_000 + i), &[1u8; 3000]).map(|_| ())
+                            };
+                            if r == Err(IndexError::Closed) {
+                                return;
+                            }
+                        }
+                    })
+                })
+                .collect();
+            std::thread::sleep(Duration::from_millis(2));
+            idx.close();
+            for w in workers {
+                w.join().expect("no panic in a worker");
+            }
+        }
         fs::remove_dir_all(&d).unwrap();
     }
 
