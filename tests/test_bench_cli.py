@@ -166,3 +166,17 @@ def test_usage_errors_exit_2(args: list[str]) -> None:
     proc = run_bench(*args)
     assert proc.returncode == 2
     assert "usage: " in proc.stderr and "bench" in proc.stderr
+
+
+def test_launch_section_reads_a_real_gpu_result():
+    """The launch section turns triton_bench's result (recorded on an H200 by scripts/gpu_check.sh) into
+    table rows: every implementation, the baseline marked, medians in ns (CPU machines never run it)."""
+    from jitkey.bench._sections import LaunchRun
+
+    res = json.loads((Path(__file__).parent / "data" / "gpu_launch_h200.json").read_text())
+    rows = LaunchRun(lambda: res, 100, 200).results()
+    impls = {r.impl for r in rows}
+    assert {"triton fn[grid]", "jitkey kernel[grid]", "CompiledKernel.run", "torch.add"} <= impls
+    assert len(rows) == sum(len(r["spread"]) for r in res["results"])
+    for r in rows:
+        assert r.baseline == (r.impl == "triton fn[grid]") and r.min_ns <= r.median_ns <= r.max_ns

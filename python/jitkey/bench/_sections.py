@@ -376,7 +376,7 @@ class LaunchRun:
                     Result(
                         section="launch",
                         group=group,
-                        impl=impl if impl != "jitkey" else f"jitkey bind ({res['keyer']} keyer)",
+                        impl=impl if impl != "jitkey" else "jitkey kernel[grid]",
                         median_ns=row[impl] * 1000,
                         min_ns=lo * 1000,
                         max_ns=hi * 1000,
