@@ -340,7 +340,7 @@ def test_pytest_plugin_installs_and_reports(tmp_path):
 
 
 def test_report_merges_processes():
-    from jitkey.pytest_plugin import merge
+    merge = jt.merge_reports
 
     a = {
         "kernels": 1,

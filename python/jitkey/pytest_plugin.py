@@ -68,28 +68,6 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
         node.config._jitkey_reports.append(json.loads(raw))
 
 
-def merge(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
-    """Sum fast-path reports (of several processes) into one."""
-    out: dict[str, Any] = {"kernels": 0, "launches": 0, "hits": 0, "misses": 0, "fallbacks": 0}
-    reasons: dict[str, int] = {}
-    busiest: dict[str, dict[str, int]] = {}
-    for r in reports:
-        for k in out:
-            out[k] += r[k]
-        for why, n in r["fallback_reasons"].items():
-            reasons[why] = reasons.get(why, 0) + n
-        for b in r["busiest"]:
-            d = busiest.setdefault(b["kernel"], {"launches": 0, "hits": 0, "misses": 0, "fallbacks": 0})
-            for k in d:
-                d[k] += b[k]
-    warm = out["hits"] + out["fallbacks"]
-    out["warm_fast_path"] = out["hits"] / warm if warm else None
-    out["fallback_reasons"] = dict(sorted(reasons.items(), key=lambda kv: -kv[1]))
-    ranked = sorted(busiest.items(), key=lambda kv: -kv[1]["launches"])[:top]
-    out["busiest"] = [{"kernel": name, **d} for name, d in ranked]
-    return out
-
-
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     if config.getoption("--jitkey-off") or getattr(config, "workeroutput", None) is not None:
         return
@@ -97,8 +75,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     local = _local_report(config)
     if local is not None and local["kernels"]:
         reports.append(local)
+    import jitkey.triton
+
     top = config.getoption("--jitkey-top")
-    rep = merge(reports, top)
+    rep = jitkey.triton.merge_reports(reports, top)
     path = config.getoption("--jitkey-report-json")
     if path:
         with open(path, "w", encoding="utf-8") as f:

@@ -59,6 +59,7 @@ __all__ = [
     "install",
     "installed",
     "jit",
+    "merge_reports",
     "report",
     "uninstall",
 ]
@@ -87,32 +88,40 @@ def report(top: int = 10) -> dict[str, Any]:
     fallbacks): the share of launches that did not compile and took the fast path) and the ``busiest``
     kernels by launches.
     """
-    from collections import Counter
-
-    total: Counter[str] = Counter()
-    reasons: Counter[str] = Counter()
-    per: Counter[str] = Counter()
-    per_detail: dict[str, dict[str, int]] = {}
-    stats = registry()
-    for ks in stats:
+    per_kernel = []
+    for ks in registry():
         s = ks.snapshot()
-        n = s["hits"] + s["misses"] + s["fallbacks"]
-        for k in ("hits", "misses", "fallbacks"):
-            total[k] += s[k]
-        reasons.update(s["fallback_reasons"])
-        per[ks.name] += n
-        d = per_detail.setdefault(ks.name, {"launches": 0, "hits": 0, "misses": 0, "fallbacks": 0})
-        d["launches"] += n
-        for k in ("hits", "misses", "fallbacks"):
-            d[k] += s[k]
-    warm = total["hits"] + total["fallbacks"]
-    return {
-        "kernels": len(stats),
-        "launches": total["hits"] + total["misses"] + total["fallbacks"],
-        "hits": total["hits"],
-        "misses": total["misses"],
-        "fallbacks": total["fallbacks"],
-        "fallback_reasons": dict(reasons.most_common()),
-        "warm_fast_path": (total["hits"] / warm) if warm else None,
-        "busiest": [{"kernel": name, **per_detail[name]} for name, _ in per.most_common(top)],
-    }
+        counts = {k: s[k] for k in ("hits", "misses", "fallbacks")}
+        launches = sum(counts.values())
+        per_kernel.append(
+            {
+                "kernels": 1,
+                "launches": launches,
+                **counts,
+                "fallback_reasons": s["fallback_reasons"],
+                "busiest": [{"kernel": ks.name, "launches": launches, **counts}],
+            }
+        )
+    return merge_reports(per_kernel, top)
+
+
+def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
+    """Sum fast-path reports (of several kernels, or of several processes' :func:`report`) into one."""
+    out: dict[str, Any] = {"kernels": 0, "launches": 0, "hits": 0, "misses": 0, "fallbacks": 0}
+    reasons: dict[str, int] = {}
+    busiest: dict[str, dict[str, int]] = {}
+    for r in reports:
+        for k in out:
+            out[k] += r[k]
+        for why, n in r["fallback_reasons"].items():
+            reasons[why] = reasons.get(why, 0) + n
+        for b in r["busiest"]:
+            d = busiest.setdefault(b["kernel"], {"launches": 0, "hits": 0, "misses": 0, "fallbacks": 0})
+            for k in d:
+                d[k] += b[k]
+    warm = out["hits"] + out["fallbacks"]
+    out["warm_fast_path"] = out["hits"] / warm if warm else None
+    out["fallback_reasons"] = dict(sorted(reasons.items(), key=lambda kv: -kv[1]))
+    ranked = sorted(busiest.items(), key=lambda kv: -kv[1]["launches"])[:top]
+    out["busiest"] = [{"kernel": name, **d} for name, d in ranked]
+    return out

@@ -779,23 +779,13 @@ impl Launcher {
             let key = enc.as_bytes();
             let h = fast_hash_state().hash(key);
             Ok(match self.cache.get().get_encoded(py, h, key) {
-                Some(v) => Probe::Hit(v),
-                None => Probe::Miss(h, key.to_vec()),
+                // An entry whose kernel Triton no longer holds (its cache was cleared or
+                // replaced) is a miss: Triton is asked again, under the same key.
+                Some(v) if self.entry_current(py, &v, &device)? => Probe::Hit(v),
+                _ => Probe::Miss(h, key.to_vec()),
             })
         });
         let grid = borrowed(py, call.grid);
-        let probe = match probe {
-            Ok(Probe::Hit(entry)) if !self.entry_current(py, &entry, &device)? => {
-                // Triton no longer holds this kernel (its cache was cleared or replaced): ask it
-                // again, as a miss, under the same key.
-                with_encoder(|enc| -> Result<Probe<'py>, Leave> {
-                    self.encode_key(py, enc, &device, &b)?;
-                    let key = enc.as_bytes();
-                    Ok(Probe::Miss(fast_hash_state().hash(key), key.to_vec()))
-                })
-            }
-            other => other,
-        };
         match probe {
             Ok(Probe::Hit(entry)) => self.launch_hit(py, &entry, &grid, &device, &b),
             Ok(Probe::Miss(h, key)) => {

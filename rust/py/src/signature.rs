@@ -1049,13 +1049,8 @@ fn encode_by_type(b: &ByType, obj: &Bound<'_, PyAny>, enc: &mut Encoder, depth: 
             } else {
                 obj.cast::<PyList>().expect("exact list").to_tuple()
             };
-            let n = u32::try_from(items.len()).map_err(|_| Fail::msg("sequence too long".into()))?;
             enc.raw_u8(if is_tuple { jitkey_core::key::tag::TUPLE } else { stag::LIST });
-            enc.raw(&n.to_le_bytes());
-            for (i, it) in items.iter().enumerate() {
-                encode_by_type(b.items.as_deref().unwrap_or(b), &it, enc, depth + 1).map_err(|e| e.at(i))?;
-            }
-            return Ok(());
+            return encode_items(b, &items, enc, depth);
         }
         if b.tuples && ffi::PyTuple_Check(ptr) != 0 {
             if let Some(fields) = namedtuple_fields(obj) {
@@ -1117,12 +1112,16 @@ fn encode_namedtuple(
     if depth >= jitkey_core::key::MAX_DEPTH {
         return Err(Fail::msg("arguments nested too deeply".into()));
     }
-    let ty = obj.get_type();
-    let name = ty.fully_qualified_name().map_err(Fail::py)?;
-    let items = obj.cast::<PyTuple>().expect("a tuple subclass");
+    let name = obj.get_type().fully_qualified_name().map_err(Fail::py)?;
     enc.raw_u8(stag::NAMEDTUPLE);
     let head = PyTuple::new(obj.py(), [name.into_any(), fields.clone().into_any()]).map_err(Fail::py)?;
     encode_keyable(head.as_any(), enc)?;
+    encode_items(b, obj.cast::<PyTuple>().expect("a tuple subclass"), enc, depth)
+}
+
+/// A sequence's items under a by-type rule (after its tag): u32 LE count, then each item with
+/// `b.items` (or `b` itself).
+fn encode_items(b: &ByType, items: &Bound<'_, PyTuple>, enc: &mut Encoder, depth: usize) -> FResult {
     let n = u32::try_from(items.len()).map_err(|_| Fail::msg("sequence too long".into()))?;
     enc.raw(&n.to_le_bytes());
     for (i, it) in items.iter().enumerate() {
