@@ -473,3 +473,180 @@ def test_torch_compile_fullgraph_without_graph_breaks(which):
             torch.testing.assert_close(got, want)
     torch._dynamo.reset()
     torch.testing.assert_close(torch.compile(jk_f, backend="eager")(x, y), want)
+
+
+# --- jitkey's own launch (cuLaunchKernelEx from Rust, issue: launch below CompiledKernel.run) ---------------
+
+
+def _driver_on() -> bool:
+    return jt.fast_paths()["driver_launch"]["on"]
+
+
+def _driver_launches(kernel) -> int:
+    return kernel.cache_stats()["driver_launches"]
+
+
+@triton.jit
+def typed_kernel(
+    out,
+    a: tl.int8,
+    b: tl.int16,
+    c: tl.int32,
+    d: tl.int64,
+    e: tl.uint8,
+    f: tl.uint16,
+    g: tl.uint32,
+    h: tl.uint64,
+    i: tl.float16,
+    j: tl.bfloat16,
+    k: tl.float32,
+    m: tl.float64,
+    flag,
+    x,
+    y,
+    BLOCK: tl.constexpr,
+):
+    tl.store(out + 0, a.to(tl.float64))
+    tl.store(out + 1, b.to(tl.float64))
+    tl.store(out + 2, c.to(tl.float64))
+    tl.store(out + 3, d.to(tl.float64))
+    tl.store(out + 4, e.to(tl.float64))
+    tl.store(out + 5, f.to(tl.float64))
+    tl.store(out + 6, g.to(tl.float64))
+    tl.store(out + 7, h.to(tl.float64))
+    tl.store(out + 8, i.to(tl.float64))
+    tl.store(out + 9, j.to(tl.float64))
+    tl.store(out + 10, k.to(tl.float64))
+    tl.store(out + 11, m)
+    tl.store(out + 12, flag.to(tl.float64))
+    tl.store(out + 13, x.to(tl.float64))
+    tl.store(out + 14, y)
+    tl.store(out + 15, (a + c + d).to(tl.float64))
+
+
+_TYPED_VALUES = [
+    (
+        3,
+        -7,
+        100_000,
+        -(2**40),
+        200,
+        65_000,
+        4_000_000_000,
+        2**63 + 5,
+        1.5,
+        -2.25,
+        3.125,
+        1e-300,
+        True,
+        7,
+        0.1,
+    ),
+    (255, 32_767, -(2**31), 2**63 - 1, 0, 1, 7, 0, 65504.0, 1e38, -1e-40, -0.0, False, -3, -1e200),
+    (17, -32_768, 16, 32, 16, 48, 64, 2**64 - 1, 6.1e-5, 3, 16, 2**53 + 1, True, 2**40, 5),
+]
+
+
+def test_driver_launch_packs_every_type_like_triton():
+    if not _driver_on():
+        pytest.skip(f"driver launch off: {jt.fast_paths()['driver_launch']['why']}")
+    kernel = jt.bind(typed_kernel)
+    for vals in _TYPED_VALUES:
+        ref = torch.full((16,), float("nan"), device="cuda", dtype=torch.float64)
+        typed_kernel[(1,)](ref, *vals, BLOCK=16)  # plain Triton
+        for _ in range(2):  # the first call may be a miss (Triton's path); the second is a hit
+            got = torch.full_like(ref, float("nan"))
+            kernel[(1,)](got, *vals, BLOCK=16)
+            torch.cuda.synchronize()
+            assert torch.equal(got.view(torch.int64), ref.view(torch.int64)), (vals, got, ref)
+    assert _driver_launches(kernel) >= len(_TYPED_VALUES)
+
+
+def test_driver_launch_declines_what_triton_rejects_and_raises_the_same():
+    kernel = jt.bind(typed_kernel)
+    out = torch.empty(16, device="cuda", dtype=torch.float64)
+    good = list(_TYPED_VALUES[0])
+    kernel[(1,)](out, *good, BLOCK=16)
+    kernel[(1,)](out, *good, BLOCK=16)
+    for pos, bad in (
+        (0, -1),
+        (8, 1e6),
+        (1, 2**20),
+    ):  # i8 < 0 and i16 overflow raise in Triton 3.6; fp16 overflows
+        vals = list(good)
+        vals[pos] = bad
+        with pytest.raises(Exception) as plain_err:
+            typed_kernel[(1,)](out, *vals, BLOCK=16)
+        with pytest.raises(type(plain_err.value)) as jk_err:
+            kernel[(1,)](out, *vals, BLOCK=16)
+        assert str(jk_err.value) == str(plain_err.value)
+    if _driver_on():
+        reasons = kernel.cache_stats()["launcher_reasons"]
+        assert set(reasons) <= {
+            "an integer argument is not an int in its type's range",
+            "a float argument is not a finite float (or an int)",
+        }, reasons
+
+
+def test_driver_launch_error_is_tritons_error():
+    kernel = jt.bind(add_kernel)
+    n = 256
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.empty(n, device="cuda")
+    kernel[(1,)](x, y, out, n, BLOCK=256)
+    before = _driver_launches(kernel)
+    with pytest.raises(RuntimeError) as plain_err:
+        add_kernel[(1, 70_000, 1)](x, y, out, n, BLOCK=256)  # gridDim.y > 65535: the driver refuses
+    with pytest.raises(RuntimeError) as jk_err:
+        kernel[(1, 70_000, 1)](x, y, out, n, BLOCK=256)
+    assert str(jk_err.value) == str(plain_err.value)
+    assert "Triton Error [CUDA]" in str(jk_err.value)
+    kernel[(1,)](x, y, out, n, BLOCK=256)  # the context is fine afterwards
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, x + y)
+    if _driver_on():
+        assert _driver_launches(kernel) == before + 1  # the failed launch is not counted as launched
+
+
+def test_driver_launch_streams_graphs_and_hooks():
+    if not _driver_on():
+        pytest.skip(f"driver launch off: {jt.fast_paths()['driver_launch']['why']}")
+    kernel = jt.bind(add_kernel)
+    n = 1 << 16
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.empty(n, device="cuda")
+    kernel[_grid1(n, 1024)](x, y, out, n, BLOCK=1024)
+    before = _driver_launches(kernel)
+    # a side stream: the launch is ordered after the sleep on that stream
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(50_000_000)
+        out.zero_()
+        kernel[_grid1(n, 1024)](x, y, out, n, BLOCK=1024)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, x + y)
+    # graph capture and replay
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        kernel[_grid1(n, 1024)](x, y, out, n, BLOCK=1024)
+    for _ in range(2):
+        x.copy_(torch.randn(n, device="cuda"))
+        out.zero_()
+        g.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, x + y)
+    # Proton-style hooks: enter and exit, in order, with the launch metadata
+    events = []
+    enter = lambda md: events.append(("enter", md.get()["name"], md.get()["stream"]))  # noqa: E731
+    leave = lambda md: events.append(("exit", md.get()["name"]))  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(enter)
+    knobs.runtime.launch_exit_hook.add(leave)
+    try:
+        kernel[_grid1(n, 1024)](x, y, out, n, BLOCK=1024)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(enter)
+        knobs.runtime.launch_exit_hook.remove(leave)
+    stream = torch.cuda.current_stream().cuda_stream
+    assert events == [("enter", "add_kernel", stream), ("exit", "add_kernel")]
+    assert _driver_launches(kernel) == before + 3

@@ -352,6 +352,7 @@ def _tensor_layout_installed() -> bool:
 class _TritonEntry:
     """Private (:mod:`jitkey.triton`): what a launcher hit launches.
 
+    ``plan`` packs and launches the call itself when it understands it; otherwise
     ``target(gx, gy, gz, stream, function, *mid, launch_metadata, enter_hook, exit_hook, *params)``,
     then the hit returns ``ck``. ``target`` is ``ck.run`` with ``mid == (packed_metadata,)``, or the
     CUDA launcher's C ``launch`` with the arguments its ``__call__`` would insert.
@@ -365,6 +366,7 @@ class _TritonEntry:
         mid: tuple[Any, ...],
         kcache: dict[Any, Any] | None = None,
         tkey: object = None,
+        plan: _LaunchPlan | None = None,
         /,
     ) -> _TritonEntry: ...
     @property
@@ -375,6 +377,43 @@ class _TritonEntry:
     def function(self) -> Any: ...
     @property
     def mid(self) -> tuple[Any, ...]: ...
+    @property
+    def plan(self) -> _LaunchPlan | None: ...
+
+@final
+class _LaunchPlan:
+    """Private (:mod:`jitkey.triton`): one compiled kernel's launch, packed and sent to the CUDA driver by
+    jitkey (``cuLaunchKernelEx``), as Triton's generated launcher packs and configures it.
+
+    ``signature``: the kernel's Triton types in parameter order (tuples nested); a scratch is
+    ``(size, align, allocator)`` or ``None``. Raises ``ValueError`` for a type it does not pack and
+    ``RuntimeError`` when ``libcuda.so.1`` cannot be loaded. A call it does not fully understand is
+    declined (counted by reason, nothing launched) and goes to Triton's launcher.
+    """
+
+    def __new__(
+        cls,
+        function: int,
+        packed_metadata: tuple[int, int, int],
+        signature: tuple[Any, ...],
+        cooperative: bool,
+        pdl: bool,
+        num_ctas: int,
+        global_scratch: tuple[int, int, Any] | None,
+        profile_scratch: tuple[int, int, Any] | None,
+        /,
+    ) -> _LaunchPlan: ...
+    def launch(self, gx: int, gy: int, gz: int, stream: int, device: int | None, *params: Any) -> bool:
+        """Launch as a hit would (no hooks); False when declined (nothing launched)."""
+    def _floor(
+        self, n: int, gx: int, gy: int, gz: int, stream: int, device: int | None, *params: Any
+    ) -> float:
+        """The driver floor for benchmarks: ``n`` launches of pre-packed parameters in a native loop; seconds."""
+    def counts(self) -> dict[str, Any]:
+        """``{"launched": n, "declined": {reason: n}}``."""
+    @property
+    def nslots(self) -> int:
+        """Parameter slots a launch passes (the two scratch pointers not included)."""
 
 @final
 class _TritonLauncher:
@@ -382,26 +421,22 @@ class _TritonLauncher:
 
     Binds the call, reads the current device and the knobs, keys the call (``sig``'s rules, after the
     device, knob values and sorted launch options), probes ``cache``; a hit checks the globals, resolves
-    the grid, reads the stream and the launch hooks and launches. A miss calls
-    ``miss(grid, args, kwargs) -> (result, _TritonEntry | None)`` and stores the entry; anything else
-    calls ``fallback(reason, grid, args, kwargs)``.
+    the grid, reads the stream and the launch hooks and launches. A miss calls the kernel's
+    ``_jk_miss(grid, args, kwargs) -> (result, _TritonEntry | None)`` and stores the entry; anything else
+    calls its ``_jk_native_fallback(reason, grid, args, kwargs)``; its ``_jk_check_globals()`` checks the
+    globals. ``info`` is the ``TritonInfo`` (``knobs``, ``knob_reads``, ``checks_stages_hook``,
+    ``HookChain``); ``runtime`` has ``get_device()`` and ``get_stream(device)``; ``npos`` parameters may be
+    passed positionally.
     """
 
     def __new__(
         cls,
+        kernel: Any,
         sig: Signature,
         cache: LruCache,
-        kernel_fn: Any,
+        info: Any,
         runtime: Any,
-        knobs: list[tuple[Any, str]],
-        check_stages: bool,
-        get_device: Callable[[], int],
-        get_stream: Callable[[int], int],
-        hook_chain: type | None,
-        miss: Callable[[Any, tuple[Any, ...], dict[str, Any]], tuple[Any, Any]],
-        fallback: Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any],
-        check_globals: Callable[[], None],
-        npos: int | None = None,
+        npos: int,
         /,
     ) -> _TritonLauncher: ...
     @property

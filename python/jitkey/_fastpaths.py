@@ -31,6 +31,7 @@ _DESCRIPTIONS = {
     "binding": "jitkey.triton.jit returns jitkey kernels (JITKEY_TRITON=plain: plain Triton)",
     "native_launcher": "Triton warm launch in one native call",
     "direct_launch": "Triton hit calls the compiled C launcher directly",
+    "driver_launch": "Triton hit packs the parameters and calls cuLaunchKernelEx itself",
 }
 
 
@@ -103,7 +104,7 @@ def triton_paths() -> dict[str, FastPath]:
         except Exception as e:  # the report must not fail because the binding did
             facts, why = {}, f"unknown (jitkey.triton.fast_paths() raised {type(e).__name__}: {e})"
     out: dict[str, FastPath] = {}
-    known = ("binding", "native_launcher", "direct_launch")
+    known = ("binding", "native_launcher", "direct_launch", "driver_launch")
     for name in (*known, *sorted(set(facts) - set(known))):
         if name == "binding" and name not in facts and why is None:
             continue  # an older binding without the switch

@@ -70,13 +70,16 @@ def fast_paths() -> dict[str, dict[str, Any]]:
 
     ``binding``: ``jit`` returns jitkey kernels (off under ``JITKEY_TRITON=plain``); ``native_launcher``:
     warm launches run natively (off when the installed Triton's internals are not the ones jitkey knows);
-    ``direct_launch``: hits call the CUDA launcher's compiled ``launch`` rather than ``ck.run``.
+    ``direct_launch``: hits call the CUDA launcher's compiled ``launch`` rather than ``ck.run``;
+    ``driver_launch``: hits pack the kernel's parameters and call ``cuLaunchKernelEx`` themselves (off when
+    the installed Triton's launcher code is not one jitkey mirrors, or under ``JITKEY_DRIVER_LAUNCH=0``).
     """
     info = triton_info()
     return {
         "binding": {"on": not plain(), "why": "JITKEY_TRITON=plain" if plain() else None},
         "native_launcher": {"on": info.problem is None, "why": info.problem},
         "direct_launch": {"on": info.launcher_call is not None, "why": info.launcher_problem},
+        "driver_launch": {"on": info.driver_launch_problem is None, "why": info.driver_launch_problem},
     }
 
 
@@ -85,8 +88,9 @@ def report(top: int = 10) -> dict[str, Any]:
 
     ``kernels``, ``launches`` (hits + misses + fallbacks), ``hits``, ``misses`` (Triton ran the call,
     compiling if needed), ``fallbacks`` and ``fallback_reasons``, ``warm_fast_path`` (hits / (hits +
-    fallbacks): the share of launches that did not compile and took the fast path) and the ``busiest``
-    kernels by launches.
+    fallbacks): the share of launches that did not compile and took the fast path), ``driver_launches`` (hits
+    that jitkey packed and launched itself), ``launcher_reasons`` (why the other hits went through Triton's
+    launcher: per call, or per compiled variant without a launch plan) and the ``busiest`` kernels by launches.
     """
     per_kernel = []
     for ks in registry():
@@ -99,6 +103,8 @@ def report(top: int = 10) -> dict[str, Any]:
                 "launches": launches,
                 **counts,
                 "fallback_reasons": s["fallback_reasons"],
+                "driver_launches": s["driver_launches"],
+                "launcher_reasons": s["launcher_reasons"],
                 "busiest": [{"kernel": ks.name, "launches": launches, **counts}],
             }
         )
@@ -108,13 +114,18 @@ def report(top: int = 10) -> dict[str, Any]:
 def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
     """Sum fast-path reports (of several kernels, or of several processes' :func:`report`) into one."""
     out: dict[str, Any] = {"kernels": 0, "launches": 0, "hits": 0, "misses": 0, "fallbacks": 0}
+    driver = 0
     reasons: dict[str, int] = {}
+    launcher: dict[str, int] = {}
     busiest: dict[str, dict[str, int]] = {}
     for r in reports:
         for k in out:
             out[k] += r[k]
         for why, n in r["fallback_reasons"].items():
             reasons[why] = reasons.get(why, 0) + n
+        driver += r.get("driver_launches", 0)  # reports of older jitkey versions lack the launch counts
+        for why, n in r.get("launcher_reasons", {}).items():
+            launcher[why] = launcher.get(why, 0) + n
         for b in r["busiest"]:
             d = busiest.setdefault(b["kernel"], {"launches": 0, "hits": 0, "misses": 0, "fallbacks": 0})
             for k in d:
@@ -122,6 +133,8 @@ def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
     warm = out["hits"] + out["fallbacks"]
     out["warm_fast_path"] = out["hits"] / warm if warm else None
     out["fallback_reasons"] = dict(sorted(reasons.items(), key=lambda kv: -kv[1]))
+    out["driver_launches"] = driver
+    out["launcher_reasons"] = dict(sorted(launcher.items(), key=lambda kv: -kv[1]))
     ranked = sorted(busiest.items(), key=lambda kv: -kv[1]["launches"])[:top]
     out["busiest"] = [{"kernel": name, **d} for name, d in ranked]
     return out

@@ -9,12 +9,16 @@ Triton's own ``JITFunction.run``, counted with the reason) rather than guessing.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
+import os
 import re
 import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
+from jitkey._core import _LaunchPlan
 from jitkey.errors import ArgumentError
 
 
@@ -51,6 +55,8 @@ class TritonInfo:
         # else None: then a hit calls ck.run, never the launcher's C function directly.
         self.launcher_call: Callable[..., Any] | None = None
         self.launcher_problem: str | None = None
+        #: Why hits never pack and launch a kernel themselves (``None``: they do, see ``launch_plan``).
+        self.driver_launch_problem: str | None = "not inspected"
         try:
             src = inspect.getsource(JITFunction.run)
         except Exception as exc:  # no source: never fast-path
@@ -58,6 +64,7 @@ class TritonInfo:
             return
         self.problem = self._scan_run(src)
         self.launcher_call, self.launcher_problem = _known_launcher_call(self.version)
+        self.driver_launch_problem = self.launcher_problem or _driver_launch_problem(self.version)
 
     def _scan_run(self, src: str) -> str | None:
         """Read ``JITFunction.run``'s per-call knob reads; anything unexpected disables the fast path."""
@@ -126,6 +133,37 @@ def _known_launcher_call(version: str) -> tuple[Callable[..., Any] | None, str |
         return None, f"no readable CUDA launcher ({type(exc).__name__}: {exc})"
 
 
+# The code Triton's CUDA launcher is generated from (``ty_to_cpp``, ``make_launcher`` and its tables, the
+# ``CudaLauncher`` class), whitespace-normalized, comments dropped, hashed: the versions whose packing and
+# launch configuration ``jitkey._core._LaunchPlan`` mirrors byte for byte (tests/test_driver_launch.py
+# compares them on a stand-in driver). Any other code keeps every launch in Triton's launcher.
+_KNOWN_LAUNCHER_CODE = {
+    "9ded4ac450b4cb48db357007f0d753b43c80dc04ae0b9fc5eee5a22d6ced5588": "triton 3.6.0",
+}
+
+
+def launcher_code_digest() -> str:
+    """The digest of the installed nvidia backend's launcher code (see ``_KNOWN_LAUNCHER_CODE``)."""
+    from triton.backends.nvidia import driver as nv
+
+    parts = [_normalized_source(f) for f in (nv.ty_to_cpp, nv.make_launcher, nv.wrap_handle_tensordesc)]
+    parts += [_normalized_source(nv.CudaLauncher)]
+    parts += [repr(x) for x in (nv.FLOAT_STORAGE_TYPE, nv.FLOAT_PACK_FUNCTION, nv._BASE_ARGS_FORMAT)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _driver_launch_problem(version: str) -> str | None:
+    if os.environ.get("JITKEY_DRIVER_LAUNCH", "").strip() == "0":
+        return "JITKEY_DRIVER_LAUNCH=0"
+    try:
+        digest = launcher_code_digest()
+    except Exception as exc:  # no nvidia backend, no source
+        return f"no readable CUDA launcher code ({type(exc).__name__}: {exc})"
+    if digest not in _KNOWN_LAUNCHER_CODE:
+        return f"triton {version}: the CUDA launcher's code is not one jitkey mirrors (hits use Triton's launcher)"
+    return None
+
+
 @functools.cache
 def triton_info() -> TritonInfo:
     info = TritonInfo()
@@ -149,6 +187,44 @@ def launch_target(run: Any, packed_metadata: Any) -> tuple[Any, tuple[Any, ...]]
         except AttributeError:
             pass
     return run, (packed_metadata,)
+
+
+def launch_plan(ck: Any, run: Any, nparams: int) -> tuple[_LaunchPlan | None, str | None]:
+    """``(plan, None)`` when hits may pack and launch ``ck`` themselves, else ``(None, why not)``.
+
+    Only for a ``CudaLauncher`` built from launcher code jitkey mirrors (see ``_KNOWN_LAUNCHER_CODE``),
+    whose compiled ``launch`` is not wrapped (tensor descriptors are) and whose signature has one type per
+    kernel parameter, each a type the plan packs.
+    """
+    info = triton_info()
+    if info.driver_launch_problem is not None:
+        return None, info.driver_launch_problem
+    if type(run).__call__ is not info.launcher_call:
+        return None, "ck.run is not the CUDA launcher jitkey knows"
+    try:
+        if type(run.launch) is not types.BuiltinFunctionType:
+            return None, "Triton's launcher wraps this kernel's launch (tensor descriptors)"
+        sig = ck.src.signature
+        if type(sig) is not dict or len(sig) != nparams:
+            return None, "the compiled kernel's signature does not match the kernel's parameters"
+        from triton.runtime import _allocation
+
+        def scratch(size: Any, align: Any, allocator: Any) -> tuple[int, int, Any] | None:
+            return (size, align, allocator) if size > 0 else None
+
+        plan = _LaunchPlan(
+            ck.function,
+            tuple(ck.packed_metadata),
+            tuple(sig.values()),
+            bool(run.launch_cooperative_grid),
+            bool(run.launch_pdl),
+            run.num_ctas,
+            scratch(run.global_scratch_size, run.global_scratch_align, _allocation._allocator),
+            scratch(run.profile_scratch_size, run.profile_scratch_align, _allocation._profile_allocator),
+        )
+    except (AttributeError, TypeError, ValueError, OverflowError, RuntimeError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    return plan, None
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ Python dispatch. See the package docstring (``jitkey.triton``) for the contract.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -19,7 +20,7 @@ from triton.runtime.jit import jit as _TRITON_JIT
 from jitkey._core import LruCache, Signature, _KernelBase, _TritonEntry, _TritonLauncher
 from jitkey.errors import GlobalsChangedError, JitKeyError
 from jitkey.triton import _installed
-from jitkey.triton._installed import Unkeyable, launch_target, triton_info
+from jitkey.triton._installed import Unkeyable, launch_plan, launch_target, triton_info
 
 _log = logging.getLogger("jitkey.triton")
 _MISSING = object()
@@ -37,31 +38,63 @@ def plain() -> bool:
 
 
 class KernelStats:
-    """What one kernel's launches did: ``hits``, ``misses`` (Triton ran the call) and fallbacks by reason."""
+    """What one kernel's launches did: ``hits``, ``misses`` (Triton ran the call) and fallbacks by reason;
+    and of the hits, how many jitkey launched itself (``driver_launches``) and why the others went through
+    Triton's launcher (``launcher_reasons``: per call, or per compiled variant without a launch plan)."""
 
-    __slots__ = ("_cache", "fallbacks", "final", "name")
+    __slots__ = ("_cache", "_plans", "fallbacks", "final", "name", "unplanned")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.fallbacks: Counter[str] = Counter()
+        #: Compiled variants of this kernel that hits cannot launch themselves, by reason.
+        self.unplanned: Counter[str] = Counter()
+        self._plans: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._cache: LruCache | None = None
-        self.final: dict[str, int] | None = None
+        self.final: dict[str, Any] | None = None
+
+    def plan_for(self, ck: Any, nparams: int) -> Any:
+        """The launch plan of ``ck`` (made once per compiled kernel), or ``None`` (counted, with why)."""
+        try:
+            return self._plans[ck]
+        except (KeyError, TypeError):
+            pass
+        plan, why = launch_plan(ck, ck.run, nparams)
+        if plan is None:
+            self.unplanned[f"compiled kernel without a launch plan: {why}"] += 1
+        with contextlib.suppress(TypeError):  # not weak-referenceable: made again next time
+            self._plans[ck] = plan
+        return plan
+
+    def _launch_counts(self) -> dict[str, Any]:
+        launched = 0
+        reasons: Counter[str] = Counter(self.unplanned)
+        for plan in list(self._plans.values()):
+            if plan is not None:
+                c = plan.counts()
+                launched += c["launched"]
+                reasons.update(c["declined"])
+        return {"driver_launches": launched, "launcher_reasons": dict(reasons)}
 
     def snapshot(self) -> dict[str, Any]:
         if self.final is not None:
             cs = self.final
-        elif self._cache is not None:
-            s = self._cache.stats()
-            cs = {"hits": int(s["hits"]), "misses": int(s["misses"]), "entries": int(s["size"])}
         else:
-            cs = {"hits": 0, "misses": 0, "entries": 0}
+            if self._cache is not None:
+                s = self._cache.stats()
+                cs = {"hits": int(s["hits"]), "misses": int(s["misses"]), "entries": int(s["size"])}
+            else:
+                cs = {"hits": 0, "misses": 0, "entries": 0}
+            cs.update(self._launch_counts())
         return {**cs, "fallbacks": sum(self.fallbacks.values()), "fallback_reasons": dict(self.fallbacks)}
 
     def _freeze(self) -> None:  # the kernel is gone: keep the numbers, not its cache
         if self._cache is not None:
             snap = self.snapshot()
-            self.final = {k: snap[k] for k in ("hits", "misses", "entries")}
+            keep = ("hits", "misses", "entries", "driver_launches", "launcher_reasons")
+            self.final = {k: snap[k] for k in keep}
             self._cache = None
+            self._plans = weakref.WeakKeyDictionary()
 
 
 _registry_lock = threading.Lock()
@@ -241,21 +274,7 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         npos = sum(
             p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in self.signature.parameters.values()
         )
-        return _TritonLauncher(
-            self._jk_sig,
-            self._jk_cache,
-            self,
-            info.knobs.runtime,
-            [(getattr(info.knobs, section), attr) for _name, section, attr in info.knob_reads],
-            info.checks_stages_hook,
-            rt.get_device if rt is not None else _no_runtime,
-            rt.get_stream if rt is not None else _no_runtime,
-            info.HookChain,
-            self._jk_miss,
-            self._jk_native_fallback,
-            self._jk_check_globals,
-            npos,
-        )
+        return _TritonLauncher(self, self._jk_sig, self._jk_cache, info, rt or _NO_RUNTIME, npos)
 
     def _jk_fallback(self, reason: str, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self._jk_stats.fallbacks[reason] += 1
@@ -294,7 +313,8 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         if where is None:  # not provably Triton's cached kernel: no entry (the next call asks Triton again)
             return ck, None
         target, mid = launch_target(run, pm)
-        return ck, _TritonEntry(ck, target, function, mid, *where)
+        plan = self._jk_stats.plan_for(ck, len(self.params))
+        return ck, _TritonEntry(ck, target, function, mid, *where, plan)
 
     def _jk_where(self, ck: Any) -> tuple[dict[Any, Any], Any] | None:
         """``(kernel_cache, key)``: where Triton keeps ``ck`` for the current device (see ``_TritonEntry``)."""
@@ -336,8 +356,19 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
             item[3] = cur
 
 
-def _no_runtime(*_args: Any) -> Any:
-    raise RuntimeError("jitkey.triton: this launcher only builds keys")
+class _NoRuntime:
+    """The getters of a launcher that only builds keys (``key_of``)."""
+
+    @staticmethod
+    def get_device() -> int:
+        raise RuntimeError("jitkey.triton: this launcher only builds keys")
+
+    @staticmethod
+    def get_stream(_device: int) -> int:
+        raise RuntimeError("jitkey.triton: this launcher only builds keys")
+
+
+_NO_RUNTIME = _NoRuntime()
 
 
 def _params(kernel: Any) -> list[Any]:

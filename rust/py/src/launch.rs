@@ -25,6 +25,7 @@ use jitkey_core::key::Encoder;
 
 use crate::errors::ArgumentError;
 use crate::keys::{encode_into, fast_hash_state, tuple_fill, tuple_item, with_encoder};
+use crate::launch_plan::{LaunchPlan, Slots};
 use crate::lru::PyLruCache;
 use crate::signature::Signature;
 
@@ -46,12 +47,15 @@ pub(crate) struct Entry {
     /// caller) drops jitkey's too. `None`: not checked.
     kcache: Option<Py<PyAny>>,
     tkey: Option<Py<PyAny>>,
+    /// The kernel's launch as jitkey packs it itself (`None`: every hit calls `target`).
+    plan: Option<Py<LaunchPlan>>,
 }
 
 #[pymethods]
 impl Entry {
     #[new]
-    #[pyo3(signature = (ck, target, function, mid, kcache = None, tkey = None, /))]
+    #[pyo3(signature = (ck, target, function, mid, kcache = None, tkey = None, plan = None, /))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         ck: Py<PyAny>,
         target: Py<PyAny>,
@@ -59,13 +63,14 @@ impl Entry {
         mid: &Bound<'_, PyTuple>,
         kcache: Option<Py<PyAny>>,
         tkey: Option<Py<PyAny>>,
+        plan: Option<Py<LaunchPlan>>,
     ) -> PyResult<Self> {
         if mid.len() > MAX_MID {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "_TritonEntry: at most {MAX_MID} arguments between function and the launch metadata"
             )));
         }
-        Ok(Self { ck, target, function, mid: mid.iter().map(Bound::unbind).collect(), kcache, tkey })
+        Ok(Self { ck, target, function, mid: mid.iter().map(Bound::unbind).collect(), kcache, tkey, plan })
     }
 
     #[getter]
@@ -81,6 +86,11 @@ impl Entry {
     #[getter]
     fn function(&self, py: Python<'_>) -> Py<PyAny> {
         self.function.clone_ref(py)
+    }
+
+    #[getter]
+    fn plan(&self, py: Python<'_>) -> Option<Py<LaunchPlan>> {
+        self.plan.as_ref().map(|p| p.clone_ref(py))
     }
 
     #[getter]
@@ -100,6 +110,9 @@ impl Entry {
         }
         if let Some(k) = &self.tkey {
             visit.call(k)?;
+        }
+        if let Some(p) = &self.plan {
+            visit.call(p)?;
         }
         Ok(())
     }
@@ -389,6 +402,24 @@ impl Launcher {
             let md = call_with(py, &md_fn, &[&[grid.as_ptr(), stream.as_ptr()], params])?;
             (md, enter, exit)
         };
+        if let Some(plan) = &e.plan {
+            // jitkey's own launch when the plan understands this call; else Triton's launcher below.
+            let plan = plan.get();
+            let mut slots = Slots::new();
+            let dev = device.extract::<i64>().unwrap_or(-1);
+            match plan
+                .launch_config([&g0, &g1, &g2], &stream)
+                .and_then(|l| plan.pack(params, dev, &mut slots).map(|()| l))
+            {
+                Ok(l) => {
+                    let hooks =
+                        if enter.is_none() && exit.is_none() { None } else { Some((&md, &enter, &exit)) };
+                    plan.launch_packed(py, &mut slots, &l, &stream, hooks)?;
+                    return Ok(ck.clone());
+                }
+                Err(why) => plan.count_decline(why),
+            }
+        }
         // Everything before the parameters: the grid, stream, function, `mid` and the hook slots.
         let mut head = [null_mut(); 8 + MAX_MID];
         let fixed = [g0.as_ptr(), g1.as_ptr(), g2.as_ptr(), stream.as_ptr(), e.function.as_ptr()];
@@ -406,48 +437,47 @@ impl Launcher {
 
 #[pymethods]
 impl Launcher {
+    /// `_TritonLauncher(kernel, sig, cache, info, runtime, npos, /)`: data only. The callbacks are
+    /// the kernel's own methods, found by name: `_jk_miss`, `_jk_native_fallback`,
+    /// `_jk_check_globals`; `info` is the `TritonInfo` (`knobs`, `knob_reads`,
+    /// `checks_stages_hook`, `HookChain`); `runtime` has `get_device()` and `get_stream(device)`.
     #[new]
-    #[pyo3(signature = (
-        sig, cache, kernel_fn, runtime, knobs, check_stages, get_device, get_stream, hook_chain,
-        miss, fallback, check_globals, npos = None, /
-    ))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (kernel, sig, cache, info, runtime, npos, /))]
     fn new(
         py: Python<'_>,
+        kernel: &Bound<'_, PyAny>,
         sig: Py<Signature>,
         cache: Py<PyLruCache>,
-        kernel_fn: Py<PyAny>,
-        runtime: Py<PyAny>,
-        knobs: Vec<(Py<PyAny>, String)>,
-        check_stages: bool,
-        get_device: Py<PyAny>,
-        get_stream: Py<PyAny>,
-        hook_chain: Option<Py<PyAny>>,
-        miss: Py<PyAny>,
-        fallback: Py<PyAny>,
-        check_globals: Py<PyAny>,
-        npos: Option<usize>,
-    ) -> Self {
+        info: &Bound<'_, PyAny>,
+        runtime: &Bound<'_, PyAny>,
+        npos: usize,
+    ) -> PyResult<Self> {
         let names: Vec<_> =
             sig.get().param_names().iter().map(|n| PyString::intern(py, n).unbind()).collect();
-        let npos = npos.unwrap_or(names.len()).min(names.len());
-        let knobs = knobs.into_iter().map(|(o, a)| (o, PyString::intern(py, &a).unbind())).collect();
-        Self {
+        let npos = npos.min(names.len());
+        let knobs_obj = info.getattr("knobs")?;
+        let mut knobs = Vec::new();
+        for read in info.getattr("knob_reads")?.try_iter()? {
+            let (_name, section, attr): (String, String, String) = read?.extract()?;
+            knobs.push((knobs_obj.getattr(section.as_str())?.unbind(), PyString::intern(py, &attr).unbind()));
+        }
+        let hook_chain = info.getattr("HookChain")?;
+        Ok(Self {
             sig,
             cache,
-            kernel_fn,
-            runtime,
+            kernel_fn: kernel.clone().unbind(),
+            runtime: knobs_obj.getattr("runtime")?.unbind(),
             knobs,
-            check_stages,
-            get_device,
-            get_stream,
-            hook_chain,
-            miss,
-            fallback,
-            check_globals,
+            check_stages: info.getattr("checks_stages_hook")?.is_truthy()?,
+            get_device: runtime.getattr("get_device")?.unbind(),
+            get_stream: runtime.getattr("get_stream")?.unbind(),
+            hook_chain: if hook_chain.is_none() { None } else { Some(hook_chain.unbind()) },
+            miss: kernel.getattr("_jk_miss")?.unbind(),
+            fallback: kernel.getattr("_jk_native_fallback")?.unbind(),
+            check_globals: kernel.getattr("_jk_check_globals")?.unbind(),
             names,
             npos,
-        }
+        })
     }
 
     /// The launch function: `launch(grid, /, *args, **kwargs)` is `kernel[grid](*args, **kwargs)`.

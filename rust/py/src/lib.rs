@@ -2,11 +2,13 @@
 
 use pyo3::prelude::*;
 
+mod cuda;
 #[cfg(unix)]
 mod disk;
 mod errors;
 mod keys;
 mod launch;
+mod launch_plan;
 mod lru;
 mod signature;
 
@@ -22,5 +24,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     disk::register(m)?;
     signature::register(m)?;
     launch::register(m)?;
+    launch_plan::register(m)?;
     Ok(())
 }

@@ -212,6 +212,21 @@ impl Direct {
     }
 }
 
+/// c10::DeviceType::CUDA (a fixed enum value of c10).
+const CUDA_DEVICE_CODE: i8 = 1;
+
+/// The data pointer of a plain CUDA tensor on device `index`, read from its `TensorImpl`; `None`
+/// for anything else (another device, host memory, a subclass, an unverified layout).
+#[inline]
+pub(crate) fn cuda_data_ptr(obj: *mut ffi::PyObject, index: i64) -> Option<u64> {
+    let d = direct_with(LAYOUT.get()?, obj)?;
+    let (code, idx, has) = d.device_raw();
+    if has != 1 || code != CUDA_DEVICE_CODE || i64::from(idx) != index {
+        return None;
+    }
+    d.data_ptr()
+}
+
 /// `_install_tensor_layout(layout, /)`: called once by `jitkey._tensor_fields.install()`.
 #[pyfunction]
 #[pyo3(signature = (layout, /))]
