@@ -10,7 +10,7 @@
 //!   the live file is never rewritten in place (`compact`).
 //!
 //! Modules:
-//! * [`format`]: header and record framing (pure, no I/O).
+//! * [`format`](mod@format): header and record framing (pure, no I/O).
 //! * `index`: the public API ([`DiskIndex`], [`Options`], [`Mode`], [`DiskError`], ...).
 //! * `trust`: what decides the [`Mode`]: owner and permission checks of the directory (sticky
 //!   shared directories), network filesystems, and how every index file is opened.
