@@ -7,6 +7,12 @@ MATURIN := VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH $(a
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # CARGO_PROFILE: release (default, what the numbers are measured with) or dev-release (faster to build).
 CARGO_PROFILE ?= release
+# BUILD_FEATURES: cargo features of the development build (`make build`, so `make test` and `make bench`).
+# fault-injection adds DiskIndex._arm_fault, the crash points the crash tests need (tests/test_disk_processes.py,
+# tests/test_disk_torture.py); it costs a branch per append and per compaction step. `make wheel` and `make sdist` never turn it on
+# (pyproject.toml's [tool.maturin] features leave it off), so no released build has the hook.
+# `make build BUILD_FEATURES=` builds what users get.
+BUILD_FEATURES ?= fault-injection
 PYTEST_ARGS ?=
 # The CPU test matrix over Triton versions: the main run uses the pinned triton (requirements-dev.txt); then
 # the Triton-dependent tests run again against TRITON_LATEST (the newest on PyPI that we support), installed
@@ -35,14 +41,17 @@ venv: $(DEPS_STAMP)
 ## build: compile the extension (release, lto) into the venv
 build: venv
 	@echo "[make] building the extension ($(CARGO_PROFILE) profile; the first release build takes a few minutes)"
-	$(MATURIN) develop -q --profile $(CARGO_PROFILE)
+	$(MATURIN) develop -q --profile $(CARGO_PROFILE) $(if $(BUILD_FEATURES),--features $(BUILD_FEATURES))
 
 ## test: every test: the Rust core, then pytest (tests + benches as correctness checks), then the Triton matrix
 test: build test-rust test-python
 	$(MAKE) --no-print-directory test-triton-latest
 
+# With the fault-injection feature, so the crash points' own tests run too; then the doctests without it,
+# which check that a release build exposes no crash point (rust/core/src/disk/mod.rs).
 test-rust:
-	cargo test -p jitkey-core
+	cargo test -p jitkey-core --features fault-injection
+	cargo test -p jitkey-core --doc
 
 test-python: build redis-server
 	JITKEY_EXPECT_TRITON=$(TRITON_PINNED) $(PY) -m pytest -q $(PYTEST_ARGS)
@@ -76,6 +85,7 @@ bench: build
 lint: build
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets --all-features -- -D warnings
 	$(VENV)/bin/ruff check python tests benches examples
 	$(VENV)/bin/ruff format --check python tests benches examples
 	$(PY) -m mypy.stubtest jitkey._core --allowlist .stubtest-allowlist

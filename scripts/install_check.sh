@@ -34,6 +34,8 @@ check_venv() {  # $1: label, $2: venv dir
   "$jk" info --json | "$py" -c "import json, sys; d = json.load(sys.stdin); assert d['jitkey'] == '$version', d"
   "$py" -c "import inspect, jitkey; assert 'Single-flight' in inspect.getdoc(jitkey.LruCache.get_or_insert)" \
     || fail "$label: help() shows no docs on the native classes"
+  "$py" -c "import jitkey; assert not hasattr(jitkey.DiskIndex, '_arm_fault')" \
+    || fail "$label: the crash tests' fault hook (cargo feature fault-injection) is in a release build"
   "$jk" cache info | grep -q "no index here yet" || fail "$label: cache info on an empty directory"
   "$py" -c "import jitkey; ix = jitkey.DiskIndex(); ix.put(('k', 1), b'v'); ix.close()"
   "$jk" cache info | grep -qE "entries +1" || fail "$label: cache info after one put"

@@ -178,6 +178,7 @@ def test_t2_kill9_during_appends(tmp_path: Path) -> None:
     kill_during_appends(tmp_path, kills=15, fault=None, batch=1)
 
 
+@pytest.mark.usefixtures("fault_hook")
 def test_t2_injected_split_writes(tmp_path: Path) -> None:
     """The writer dies between the two halves of a batch: a real torn record every time."""
     fig = kill_during_appends(tmp_path, kills=10, fault="split_write", batch=3)
@@ -185,6 +186,7 @@ def test_t2_injected_split_writes(tmp_path: Path) -> None:
     assert fig["torn_tails_padded_by_next_writer"] == 1
 
 
+@pytest.mark.usefixtures("fault_hook")
 @pytest.mark.slow
 def test_t2_kill9_long(tmp_path: Path) -> None:
     kill_during_appends(tmp_path, kills=300, fault=None, batch=1)
@@ -255,6 +257,7 @@ def kill_during_compaction(tmp_path: Path, fault: str, rounds: int, with_appende
     return fig
 
 
+@pytest.mark.usefixtures("fault_hook")
 @pytest.mark.parametrize("fault", FAULTS)
 def test_t3_kill_during_compaction(tmp_path: Path, fault: str) -> None:
     fig = kill_during_compaction(tmp_path, fault, rounds=2, with_appenders=True)
@@ -265,6 +268,7 @@ def test_t3_kill_during_compaction(tmp_path: Path, fault: str) -> None:
         assert fig["generation_advanced"] == [0]
 
 
+@pytest.mark.usefixtures("fault_hook")
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", FAULTS)
 def test_t3_kill_during_compaction_long(tmp_path: Path, fault: str) -> None:

@@ -187,12 +187,14 @@ def torture(tmp_path: Path, *, kills: int, writers: int = 5, readers: int = 2) -
     return fig
 
 
+@pytest.mark.usefixtures("fault_hook")
 def test_crash_torture_short(tmp_path: Path) -> None:
     fig = torture(tmp_path, kills=12)
     assert fig["acked_puts"] > 0
     assert fig["lost"] == fig["wrong"] == fig["resurrected"] == 0, fig
 
 
+@pytest.mark.usefixtures("fault_hook")
 @pytest.mark.slow
 def test_crash_torture_long(tmp_path: Path) -> None:
     for rnd in range(8):

@@ -244,10 +244,6 @@ class DiskIndex:
         """Unmap and close the files; later calls raise :class:`jitkey.errors.IndexClosedError`."""
     def __enter__(self) -> Self: ...
     def __exit__(self, *_exc: object) -> bool: ...
-    def _arm_fault(self, point: str, after: int = 0) -> None:
-        """Private, for jitkey's crash tests: SIGKILL this process the ``after``-th time it reaches
-        ``point`` (``split_write``, ``compact_tmp_created``, ``compact_mid_write``,
-        ``compact_after_fsync``, ``compact_after_rename``, ``compact_before_unlock``)."""
     @classmethod
     def default_directory(cls) -> pathlib.Path | None:
         """The directory used when ``path`` is ``None`` (from the environment)."""

@@ -7,9 +7,9 @@ use std::ffi::CString;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 
-use jitkey_core::disk::{
-    default_dir, Access, DiskIndex, Durability, Fault, IndexError, Options, Probe, MAX_VALUE,
-};
+#[cfg(feature = "fault-injection")]
+use jitkey_core::disk::Fault;
+use jitkey_core::disk::{default_dir, Access, DiskError, DiskIndex, Durability, Options, Probe, MAX_VALUE};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyType};
@@ -91,10 +91,10 @@ fn key_digest(key: &Bound<'_, PyAny>) -> PyResult<Digest> {
     with_encoding(key, "key", jitkey_core::key::digest)
 }
 
-fn index_err(e: IndexError) -> PyErr {
+fn disk_err(e: DiskError) -> PyErr {
     match e {
-        IndexError::Closed => IndexClosedError::new_err("DiskIndex is closed"),
-        IndexError::ValueTooLarge { index, len } => ValueTooLargeError::new_err(format!(
+        DiskError::Closed => IndexClosedError::new_err("DiskIndex is closed"),
+        DiskError::ValueTooLarge { index, len } => ValueTooLargeError::new_err(format!(
             "value #{index} is {len} bytes; DiskIndex values are at most {MAX_VALUE} bytes (DiskIndex.MAX_VALUE)"
         )),
     }
@@ -115,12 +115,12 @@ impl PyDiskIndex {
     }
 
     fn lookup<'py>(&self, py: Python<'py>, key: &Digest) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let hit = match self.inner.probe(key, false, |v| PyBytes::new(py, v)).map_err(index_err)? {
+        let hit = match self.inner.probe(key, false, |v| PyBytes::new(py, v)).map_err(disk_err)? {
             Probe::Hit(b) => Some(b),
             Probe::Miss => None,
             Probe::Refresh => {
                 py.detach(|| self.inner.refresh());
-                match self.inner.probe(key, true, |v| PyBytes::new(py, v)).map_err(index_err)? {
+                match self.inner.probe(key, true, |v| PyBytes::new(py, v)).map_err(disk_err)? {
                     Probe::Hit(b) => Some(b),
                     _ => None,
                 }
@@ -213,7 +213,7 @@ impl PyDiskIndex {
         let k = key_digest(key)?;
         let r = py.detach(|| self.inner.put(&k, value));
         self.flush_warnings(py)?;
-        r.map(|o| o.memory_only == 0).map_err(index_err)
+        r.map(|o| o.memory_only == 0).map_err(disk_err)
     }
 
     /// Store many entries with one lock acquisition and one write; the return value is as
@@ -234,7 +234,7 @@ impl PyDiskIndex {
         let batch: Vec<(Digest, &[u8])> = owned.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
         let r = py.detach(|| self.inner.put_many(&batch));
         self.flush_warnings(py)?;
-        r.map(|o| o.memory_only == 0).map_err(index_err)
+        r.map(|o| o.memory_only == 0).map_err(disk_err)
     }
 
     /// Remove ``key`` (a tombstone record); return whether it was present.
@@ -242,18 +242,18 @@ impl PyDiskIndex {
         let k = key_digest(key)?;
         let r = py.detach(|| self.inner.delete(&k));
         self.flush_warnings(py)?;
-        r.map_err(index_err)
+        r.map_err(disk_err)
     }
 
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
         py.detach(|| self.inner.refresh());
-        self.inner.len().map_err(index_err)
+        self.inner.len().map_err(disk_err)
     }
 
     /// Pick up other processes' appends and compactions now.
     fn refresh(&self, py: Python<'_>) -> PyResult<()> {
         if self.inner.is_closed() {
-            return Err(index_err(IndexError::Closed));
+            return Err(disk_err(DiskError::Closed));
         }
         py.detach(|| self.inner.refresh());
         Ok(())
@@ -264,14 +264,14 @@ impl PyDiskIndex {
     fn compact(&self, py: Python<'_>) -> PyResult<bool> {
         let r = py.detach(|| self.inner.compact());
         self.flush_warnings(py)?;
-        r.map_err(index_err)
+        r.map_err(disk_err)
     }
 
     /// Remove every entry, for every process (a compaction to an empty file).
     fn clear(&self, py: Python<'_>) -> PyResult<bool> {
         let r = py.detach(|| self.inner.clear());
         self.flush_warnings(py)?;
-        r.map_err(index_err)
+        r.map_err(disk_err)
     }
 
     /// Counters and state: ``mode``, ``mode_reason``, ``path``, ``hits``, ``misses``, ``appends``,
@@ -347,7 +347,7 @@ impl PyDiskIndex {
 
     fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
         if slf.get().inner.is_closed() {
-            return Err(index_err(IndexError::Closed));
+            return Err(disk_err(DiskError::Closed));
         }
         Ok(slf)
     }
@@ -365,6 +365,8 @@ impl PyDiskIndex {
     /// PRIVATE, for jitkey's crash tests only: SIGKILL this process the `after`-th time it reaches
     /// `point` (split_write, compact_tmp_created, compact_mid_write, compact_after_fsync,
     /// compact_after_rename, compact_before_unlock). Per instance; nothing arms it implicitly.
+    /// Only in builds with the `fault-injection` feature (`make build`), never in a released wheel.
+    #[cfg(feature = "fault-injection")]
     #[pyo3(signature = (point, after = 0))]
     fn _arm_fault(&self, point: &str, after: u32) -> PyResult<()> {
         let f = Fault::from_name(point)

@@ -21,16 +21,23 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 /// A 32-byte key digest (blake2b-256 from [`crate::key::digest`]).
 pub type Digest = [u8; 32];
 
+/// The file's first 8 bytes.
 pub const MAGIC: [u8; 8] = *b"JITKIDX\0";
+/// The format major this version reads and writes; another major is never read or touched.
 pub const FORMAT_MAJOR: u16 = 1;
+/// The format minor written; readers skip record types of later minors.
 pub const FORMAT_MINOR: u16 = 0;
+/// The header's length; the first record starts here.
 pub const HEADER_LEN: usize = 64;
 /// `"JKR1"` little-endian: marks the start of every record.
 pub const REC_MAGIC: u32 = u32::from_le_bytes(*b"JKR1");
 /// Bytes before the value: magic, total_len, type, flags, value_len, seq, key.
 pub const REC_HEAD: usize = 52;
+/// The trailing xxh3-64 checksum of every record.
 pub const CHECKSUM_LEN: usize = 8;
+/// The shortest record.
 pub const MIN_RECORD: usize = 64;
+/// The longest record.
 pub const MAX_RECORD: usize = 64 * 1024;
 /// The largest value a record holds (`record_len(MAX_VALUE) == MAX_RECORD`).
 pub const MAX_VALUE: usize = MAX_RECORD - REC_HEAD - 4 - CHECKSUM_LEN;
@@ -38,18 +45,27 @@ pub const MAX_VALUE: usize = MAX_RECORD - REC_HEAD - 4 - CHECKSUM_LEN;
 const HEADER_SEED: u64 = 0x6a69_746b_6579_6864; // "jitkeyhd"
 const RECORD_SEED: u64 = 0x6a69_746b_6579_7263; // "jitkeyrc"
 
+/// Record type: `key` now has `value`.
 pub const TYPE_PUT: u8 = 1;
+/// Record type: `key` was deleted.
 pub const TYPE_TOMBSTONE: u8 = 2;
+/// Record type: filler over a torn tail (no key, no value).
 pub const TYPE_PAD: u8 = 3;
 
 /// The parsed file header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
+    /// Format major ([`FORMAT_MAJOR`] for every header that decodes).
     pub major: u16,
+    /// Format minor of the writer.
     pub minor: u16,
+    /// Reserved, 0.
     pub flags: u32,
+    /// 1 for a new file, one more for every compaction.
     pub generation: u64,
+    /// When the file was written (nanoseconds since the epoch).
     pub created_unix_ns: u64,
+    /// `"jitkey <version>"` of the writer, NUL-padded (diagnostics only).
     pub writer_version: [u8; 16],
 }
 
@@ -65,6 +81,7 @@ pub enum HeaderError {
 }
 
 impl Header {
+    /// A header for a new file of this format, written by this version.
     pub fn new(generation: u64, created_unix_ns: u64) -> Self {
         let mut writer_version = [0u8; 16];
         let v = concat!("jitkey ", env!("CARGO_PKG_VERSION")).as_bytes();
@@ -80,6 +97,7 @@ impl Header {
         }
     }
 
+    /// The 64 header bytes, checksum included.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..8].copy_from_slice(&MAGIC);
@@ -95,6 +113,7 @@ impl Header {
         b
     }
 
+    /// Parses and checks a header (magic, checksum, length, major).
     pub fn decode(b: &[u8]) -> Result<Self, HeaderError> {
         if b.len() < HEADER_LEN || b[0..8] != MAGIC {
             return Err(HeaderError::Foreign);
@@ -186,9 +205,13 @@ pub const fn pad_len_for(gap: usize) -> usize {
 /// A validated record borrowed from a buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecordRef<'a> {
+    /// The record type ([`TYPE_PUT`], [`TYPE_TOMBSTONE`], ...).
     pub ty: u8,
+    /// The writer's sequence number (orders records for eviction).
     pub seq: u64,
+    /// The key.
     pub key: &'a Digest,
+    /// The value (empty for a tombstone).
     pub value: &'a [u8],
     /// Total length in bytes (where the next record starts).
     pub len: usize,
