@@ -723,14 +723,18 @@ fn struct_leaf(obj: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject, h: u64) -> St
             let v = ffi::PyLong_AsLongLongAndOverflow(ptr, &mut overflow);
             return if overflow == 0 { StructLeaf::Hash(mix(h ^ 3, v as u64)) } else { StructLeaf::No };
         }
+        if is_type(tp, addr_of_mut!(ffi::PyBool_Type)) {
+            return StructLeaf::Hash(mix(h, if ptr == ffi::Py_True() { 0x102 } else { 0x101 }));
+        }
         if is_type(tp, addr_of_mut!(ffi::PyTuple_Type)) {
             return StructLeaf::Tuple;
         }
+        // A dtype already seen is one pointer compare here (the call below is cold and heavy).
+        if tp == DTYPE_TYPE.load(Ordering::Acquire) {
+            return StructLeaf::Hash(mix(h ^ 9, ptr as u64));
+        }
         if ptr == ffi::Py_None() {
             return StructLeaf::Hash(mix(h, 0x100));
-        }
-        if is_type(tp, addr_of_mut!(ffi::PyBool_Type)) {
-            return StructLeaf::Hash(mix(h, if ptr == ffi::Py_True() { 0x102 } else { 0x101 }));
         }
         if is_type(tp, addr_of_mut!(ffi::PyFloat_Type)) {
             let v = ffi::PyFloat_AsDouble(ptr);
