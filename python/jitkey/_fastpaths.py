@@ -96,7 +96,7 @@ def triton_paths() -> dict[str, FastPath]:
         try:
             import jitkey.triton as jt
 
-            facts = dict(jt.fast_paths())  # type: ignore[attr-defined]
+            facts = dict(jt.fast_paths())
             why = None
         except (ImportError, AttributeError) as e:
             facts, why = {}, f"unknown ({type(e).__name__}: {e})"
