@@ -667,3 +667,18 @@ def test_subscript_slot_releases_displaced_values() -> None:
     assert cache[("c",)] == 2
     gc.collect()
     assert ref() is None
+
+
+def test_int_keys_around_the_digit_boundaries_hit_only_themselves() -> None:
+    # Small ints are hashed from their digit read directly (where proven at import), others via the C API.
+    edges = [0, 1, -1, 255, 256, 257, 2**30 - 1, 2**30, 2**31, 2**60, 2**63 - 1, -(2**63)]
+    ints = sorted(
+        {s * e + d for e in edges for s in (1, -1) for d in (-1, 0, 1) if -(2**63) <= s * e + d < 2**63}
+    )
+    cache = LruCache(4096)
+    for i in ints:
+        cache[("n", i)] = i
+    for i in ints:
+        assert cache[("n", int(str(i)))] == i  # an equal int object built anew
+        assert cache.get(("n", i)) == i
+    assert len(cache) == len(ints)
