@@ -81,13 +81,14 @@ test-triton-latest: build $(TRITON_LATEST_STAMP)
 bench: build
 	$(PY) -m jitkey bench $(BENCH_ARGS)
 
-## lint: rustfmt, clippy, ruff, stubtest
+## lint: rustfmt, clippy, ruff, mypy (settings in pyproject.toml), stubtest
 lint: build
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --workspace --all-targets --all-features -- -D warnings
 	$(VENV)/bin/ruff check python tests benches examples
 	$(VENV)/bin/ruff format --check python tests benches examples
+	$(PY) -m mypy python/jitkey
 	$(PY) -m mypy.stubtest jitkey._core --allowlist .stubtest-allowlist
 
 format: venv

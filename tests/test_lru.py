@@ -602,3 +602,83 @@ def test_layout_fast_path_is_proven_on_this_interpreter() -> None:
     assert isinstance(jitkey._core._FAST_LAYOUT, bool)
     if sys.version_info < (3, 15) and getattr(sys, "_is_gil_enabled", lambda: True)():
         assert jitkey._core._FAST_LAYOUT
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_trees, _trees)
+def test_subscript_slot_hits_exactly_when_encodings_are_equal(a: object, b: object) -> None:
+    # `cache[key]` takes the native slot (structural hits answered without PyO3's wrapper); the type's
+    # `__getitem__` descriptor and `.get` stay PyO3's: all three agree, hit or miss.
+    cache = LruCache(64)
+    cache[a] = "A"
+    same = jitkey.encode(a) == jitkey.encode(b)
+    for probe in (b, _rebuilt(b)):
+        if same:
+            assert cache[probe] == "A"
+            assert LruCache.__getitem__(cache, probe) == "A"
+        else:
+            with pytest.raises(KeyError):
+                cache[probe]
+            with pytest.raises(KeyError):
+                LruCache.__getitem__(cache, probe)
+    assert cache[_rebuilt(a)] == "A"
+
+
+def test_subscript_slot_counts_hits_and_misses_and_raises_like_get() -> None:
+    cache = LruCache(8)
+    key = ("*fp16", True, 1024, "D")
+    cache[key] = "v"
+    before = cache.stats()
+    for _ in range(5):
+        assert cache[key] == "v"
+    assert cache[("*fp16", True, 1024, "D")] == "v"  # an equal, new tuple
+    with pytest.raises(KeyError):
+        cache[("*fp16", 1, 1024, "D")]  # 1 is not True
+    with pytest.raises(UnsupportedKeyError):
+        cache[("a", [1])]
+    with pytest.raises(KeyDepthError):
+        deep: object = ()
+        for _ in range(jitkey.MAX_DEPTH + 2):
+            deep = (deep,)
+        cache[deep]
+    after = cache.stats()
+    assert after["hits"] - before["hits"] == 6
+    assert after["misses"] - before["misses"] == 1
+
+
+def test_subscript_slot_is_installed_with_a_gil() -> None:
+    assert isinstance(jitkey._core._LRU_FAST_SUBSCRIPT, bool)
+    if jitkey._core._FAST_LAYOUT and getattr(sys, "_is_gil_enabled", lambda: True)():
+        assert jitkey._core._LRU_FAST_SUBSCRIPT
+
+
+def test_subscript_slot_releases_displaced_values() -> None:
+    # A hit with displaced values pending leaves them to PyO3's path, which releases them.
+    class Tracked:
+        pass
+
+    cache = LruCache(1, shards=1)
+    cache[("a",)] = 1
+    old = Tracked()
+    ref = weakref.ref(old)
+    cache[("b",)] = old
+    del old
+    cache[("c",)] = 2  # evicts ("b",)
+    assert cache[("c",)] == 2
+    gc.collect()
+    assert ref() is None
+
+
+def test_int_keys_around_the_digit_boundaries_hit_only_themselves() -> None:
+    # Small ints are hashed from their digit read directly (where proven at import), others via the C API.
+    edges = [0, 1, -1, 255, 256, 257, 2**30 - 1, 2**30, 2**31, 2**60, 2**63 - 1, -(2**63)]
+    ints = sorted(
+        {s * e + d for e in edges for s in (1, -1) for d in (-1, 0, 1) if -(2**63) <= s * e + d < 2**63}
+    )
+    cache = LruCache(4096)
+    for i in ints:
+        cache[("n", i)] = i
+    for i in ints:
+        assert cache[("n", int(str(i)))] == i  # an equal int object built anew
+        assert cache.get(("n", i)) == i
+    assert len(cache) == len(ints)

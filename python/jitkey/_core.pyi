@@ -16,6 +16,8 @@ MAX_DEPTH: Final[int]
 """Deepest nesting of tuples / ``__jitkey__`` values a key may have."""
 _FAST_LAYOUT: Final[bool]
 """Private: whether tuple items and cached str hashes are read directly (proven at import)."""
+_LRU_FAST_SUBSCRIPT: Final[bool]
+"""Private: whether ``LruCache``'s ``cache[key]`` slot answers structural hits natively (GIL builds)."""
 DIGEST_DOMAIN: Final[bytes]
 """Prefix hashed before every encoding by :func:`digest` (carries the format version)."""
 

@@ -4,8 +4,8 @@ Every fast path proves itself on live objects before it is used and falls back t
 correct path otherwise; this module reports the outcome (``jitkey info``, the bench header and JSON).
 
 - ``cpython_layout``: tuple items and cached ``str`` hashes read straight from the objects (LruCache's
-  structural keys, Signature). Decided at import by ``jitkey._core`` (CPython 3.10-3.14 GIL builds whose
-  layout a probe confirms); elsewhere the C API is called.
+  structural keys, Signature), and one-digit ints (LruCache's structural keys). Decided at import by
+  ``jitkey._core`` (CPython 3.10-3.14 GIL builds whose layout a probe confirms); elsewhere the C API is called.
 - ``tensor_fields``: dtype, ``data_ptr()``, sizes, strides read from torch's ``TensorImpl``
   (``jitkey._tensor_fields``, decided when the first tensor rule is compiled). ``JITKEY_TENSOR_FIELDS=0``
   turns it off.
@@ -26,7 +26,7 @@ from jitkey._log import logger
 FastPath = dict[str, Any]  # {"on": bool | None, "why": str | None, "what": str}
 
 _DESCRIPTIONS = {
-    "cpython_layout": "tuple items and str hashes read directly (CPython layout)",
+    "cpython_layout": "tuple items, str hashes and small ints read directly (CPython layout)",
     "tensor_fields": "tensor dtype/data_ptr/sizes/strides read from torch's TensorImpl",
     "binding": "jitkey.triton.jit returns jitkey kernels (JITKEY_TRITON=plain: plain Triton)",
     "native_launcher": "Triton warm launch in one native call",
@@ -97,7 +97,7 @@ def triton_paths() -> dict[str, FastPath]:
         try:
             import jitkey.triton as jt
 
-            facts = dict(jt.fast_paths())  # type: ignore[attr-defined]
+            facts = dict(jt.fast_paths())
             why = None
         except (ImportError, AttributeError) as e:
             facts, why = {}, f"unknown ({type(e).__name__}: {e})"

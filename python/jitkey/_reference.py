@@ -52,7 +52,7 @@ def encode(value: Any, _depth: int = 0) -> bytes:
     if tp is int:
         if -(2**63) <= value < 2**63:
             return bytes([T_INT]) + struct.pack("<q", value)
-        raw = value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True)
+        raw: bytes = value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True)
         while len(raw) > 9 and (
             (raw[-1] == 0 and raw[-2] & 0x80 == 0) or (raw[-1] == 0xFF and raw[-2] & 0x80)
         ):
@@ -63,12 +63,13 @@ def encode(value: Any, _depth: int = 0) -> bytes:
         return bytes([T_FLOAT]) + struct.pack("<Q", bits)
     if tp is str:
         try:
-            b = value.encode("utf-8")
+            b: bytes = value.encode("utf-8")
         except UnicodeEncodeError:
             raise UnsupportedKeyError("str contains lone surrogates (not UTF-8)") from None
         return bytes([T_STR]) + struct.pack("<I", len(b)) + b
     if tp is bytes:
-        return bytes([T_BYTES]) + struct.pack("<I", len(value)) + value
+        data: bytes = value
+        return bytes([T_BYTES]) + struct.pack("<I", len(data)) + data
     if tp is tuple:
         if _depth >= MAX_DEPTH:
             raise KeyDepthError(f"key is nested deeper than the limit of {MAX_DEPTH} levels")
@@ -79,7 +80,7 @@ def encode(value: Any, _depth: int = 0) -> bytes:
         name = str(value).removeprefix("torch.").encode("ascii")
         return bytes([T_DTYPE, len(name)]) + name
     if _is_torch(value, "device"):
-        t = value.type.encode("ascii")
+        t: bytes = value.type.encode("ascii")
         idx = -1 if value.index is None else value.index
         return bytes([T_DEVICE, len(t)]) + t + struct.pack("<q", idx)
     if hasattr(tp, "__jitkey__"):

@@ -103,7 +103,13 @@ def _cmd_cache(args: argparse.Namespace) -> int:
         return 2
     as_json = getattr(args, "json", False)
     if not (d / INDEX_FILE).exists():
-        doc = {"directory": str(d), "exists": False, "entries": 0, "file_bytes": 0, "damaged_records": 0}
+        doc: dict[str, Any] = {
+            "directory": str(d),
+            "exists": False,
+            "entries": 0,
+            "file_bytes": 0,
+            "damaged_records": 0,
+        }
         if as_json:
             sys.stdout.write(json.dumps(doc, indent=1) + "\n")
         else:

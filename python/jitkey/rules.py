@@ -25,7 +25,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from jitkey import _deps
 
@@ -339,7 +339,11 @@ class TritonParams(Sequence[Param]):
     def __len__(self) -> int:
         return len(self.params)
 
-    def __getitem__(self, i):  # type: ignore[no-untyped-def,override]
+    @overload
+    def __getitem__(self, i: int) -> Param: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Param, ...]: ...
+    def __getitem__(self, i: int | slice) -> Param | tuple[Param, ...]:
         return self.params[i]
 
     @property

@@ -189,7 +189,9 @@ def run_bench(batches: int = 100, launches: int = 200) -> dict[str, Any]:
         run, function, pm = ck.run, ck.function, ck.packed_metadata
         g0 = GRID[0]
         x0, y0 = args[0], args[1]
-        impls: dict[str, Callable[[], Any]] = {
+        # Called with no arguments; `...` because mypy cannot check a lambda with default arguments
+        # (the bound values) against `Callable[[], Any]`.
+        impls: dict[str, Callable[..., Any]] = {
             "triton fn[grid]": lambda kernel=kernel, args=args: kernel[GRID](*args),
             "jitkey": lambda jk=jk, args=args: jk[GRID](*args),
             "CompiledKernel.run": lambda run=run, function=function, pm=pm, args=args, g0=g0: run(

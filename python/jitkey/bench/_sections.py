@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib
+import importlib.util
 import pickle
 from collections.abc import Callable
 from pathlib import Path
@@ -60,12 +62,39 @@ def key_section(quick: bool) -> SectionResult:
     return cases
 
 
+def usual_keys() -> dict[str, tuple[Any, ...]]:
+    """Flat cache keys of the usual shapes (4-16 entries of str, int, bool and, with torch, dtypes), by label."""
+    keys: dict[str, tuple[Any, ...]] = {
+        "4 str·int·bool": ("*fp16", True, 1024, "D"),
+        "6 str·int·bool": ("*fp16", "*fp32", True, False, 1024, "D"),
+        "16 str·int·bool": tuple(
+            ["*fp16", "*fp32", "D", "", True, False, 16, 1024][i % 8] for i in range(16)
+        ),
+    }
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        f16, f32 = torch.float16, torch.float32
+        keys["4 dtype·str·int·bool"] = (f16, "D", 1024, True)
+        keys["6 dtype·str·int·bool"] = (f16, f32, True, 1024, "D", 4)
+        keys["16 dtype·str·int·bool"] = tuple(
+            [f16, "D", 16, True, f32, "", 1024, False][i % 8] for i in range(16)
+        )
+    return keys
+
+
+def _returns(fn: Callable[[], object], value: object, label: str) -> Callable[[], None]:
+    def check() -> None:
+        if fn() is not value:
+            raise AssertionError(f"{label} did not return the cached value")
+
+    return check
+
+
 def cache_section(quick: bool) -> SectionResult:
     """Warm hits: LruCache vs dict, functools.lru_cache and cachetools.LRUCache, same key tuple."""
-    try:
-        import cachetools
-    except ImportError:
-        cachetools = None
+    has_cachetools = importlib.util.find_spec("cachetools") is not None
+    cachetools: Any = importlib.import_module("cachetools") if has_cachetools else None
     cases: list[Case] = []
     for n in (4, 16):
         key = triton_style_key(n)
@@ -83,24 +112,26 @@ def cache_section(quick: bool) -> SectionResult:
         env: dict[str, Any] = {"k": key, "d": d, "lru": lru, "cached": cached}
         env.update({f"k{i}": item for i, item in enumerate(key)})
         impls: list[tuple[str, str, Callable[[], object]]] = [
-            ("dict[tuple]", "d[k]", lambda d=d, key=key: d[key]),
-            ("jitkey LruCache[tuple]", "lru[k]", lambda lru=lru, key=key: lru[key]),
-            ("jitkey LruCache.get(tuple)", "lru.get(k)", lambda lru=lru, key=key: lru.get(key)),
-            ("functools.lru_cache(*args)", "cached(*k)", lambda cached=cached, key=key: cached(*key)),
+            ("dict[tuple]", "d[k]", functools.partial(d.__getitem__, key)),
+            ("jitkey LruCache[tuple]", "lru[k]", functools.partial(lru.__getitem__, key)),
+            ("jitkey LruCache.get(tuple)", "lru.get(k)", functools.partial(lru.get, key)),
+            ("functools.lru_cache(*args)", "cached(*k)", functools.partial(cached, *key)),
         ]
         if cachetools is not None:
-            tc = cachetools.LRUCache(maxsize=1024)
+            tc: Any = cachetools.LRUCache(maxsize=1024)
             tc[key] = value
             env["tc"] = tc
-            impls.append(("cachetools.LRUCache[tuple]", "tc[k]", lambda tc=tc, key=key: tc[key]))
+            impls.append(("cachetools.LRUCache[tuple]", "tc[k]", functools.partial(tc.__getitem__, key)))
         for label, stmt, fn in impls:
-
-            def check(fn: Callable[[], object] = fn, value: object = value, label: str = label) -> None:
-                if fn() is not value:
-                    raise AssertionError(f"{label} did not return the cached value")
-
             cases.append(
-                Case(f"cache hit/{n}-entry", label, stmt, env, check, baseline=label == "dict[tuple]")
+                Case(
+                    f"cache hit/{n}-entry",
+                    label,
+                    stmt,
+                    env,
+                    _returns(fn, value, label),
+                    baseline=label == "dict[tuple]",
+                )
             )
         # The same lookups with a freshly built key tuple per call (what a launcher really does).
         for label, stmt in [("dict[fresh tuple]", "d[k]"), ("jitkey LruCache[fresh tuple]", "lru[k]")]:
@@ -121,6 +152,31 @@ def cache_section(quick: bool) -> SectionResult:
                     env,
                     check_fresh,
                     baseline=label.startswith("dict"),
+                )
+            )
+    # Flat keys of the usual shapes: LruCache[key] against dict[key], same tuple, in caches that also
+    # hold 100 other keys.
+    for shape, key in usual_keys().items():
+        value = object()
+        d = {("other", i): i for i in range(100)}
+        lru = jitkey.LruCache(1024)
+        for other in d:
+            lru[other] = d[other]
+        d[key] = value
+        lru[key] = value
+        env = {"k": key, "d": d, "lru": lru}
+        for label, stmt, fn in [
+            ("dict[tuple]", "d[k]", functools.partial(d.__getitem__, key)),
+            ("jitkey LruCache[tuple]", "lru[k]", functools.partial(lru.__getitem__, key)),
+        ]:
+            cases.append(
+                Case(
+                    f"cache hit, usual key/{shape}",
+                    label,
+                    stmt,
+                    env,
+                    _returns(fn, value, label),
+                    baseline=label == "dict[tuple]",
                 )
             )
     return cases

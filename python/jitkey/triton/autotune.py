@@ -376,7 +376,7 @@ class PersistentAutotuner:
             return lambda: -1
         get = torch.cuda.current_device
         if getattr(get, "__module__", "") == "torch.cuda" and hasattr(torch._C, "_cuda_getDevice"):
-            return torch._C._cuda_getDevice  # type: ignore[no-any-return]
+            return torch._C._cuda_getDevice
         return get  # a replaced getter (tests, simulations) is used as it is
 
     def _env_digest(self, device: int) -> bytes:

@@ -471,6 +471,63 @@ impl<V> Cache<V> {
         out
     }
 
+    /// [`Cache::get_with_eq`] for a caller that serialises every use of this cache, e.g. by holding
+    /// a global interpreter lock across each call: no reclamation guard is entered, and the hit or
+    /// miss is counted in the shared overflow stripe with a plain load and store. On the hit path
+    /// that saves the guard's thread-local lookup and its atomic swap on leaving, and the counter
+    /// stripe's thread-local lookup. With `count_miss` false a miss is not counted (for a caller
+    /// that goes on to a counted lookup of the same key).
+    ///
+    /// # Safety
+    /// While this call runs (`is_key` and `f` included), no other thread may call any method of
+    /// this cache. Then no write can unlink and reclaim what the probe reads, and the overflow
+    /// stripe has one writer.
+    #[inline]
+    pub unsafe fn get_with_eq_serialized<R>(
+        &self,
+        hash: u64,
+        count_miss: bool,
+        mut is_key: impl FnMut(&[u8], &V) -> bool,
+        f: impl FnOnce(&V) -> R,
+    ) -> Option<R> {
+        let shard = self.shard(hash);
+        // SAFETY: per the contract no write runs concurrently, so the current table and every
+        // entry it links stay allocated until this call returns (writes retire them only after
+        // unlinking, and free them only inside a write call).
+        let table = unsafe { &*shard.table.load(Ordering::Acquire) };
+        let mut i = hash as usize & table.mask;
+        let mut found = None;
+        for _ in 0..=table.mask {
+            let p = table.slots[i].load(Ordering::Acquire);
+            if p.is_null() {
+                break;
+            }
+            if p != tombstone() {
+                // SAFETY: as above: a linked entry is live while no write runs.
+                let e = unsafe { &*p };
+                if e.hash == hash && is_key(&e.key, &e.value) {
+                    found = Some(e);
+                    break;
+                }
+            }
+            i = (i + 1) & table.mask;
+        }
+        let out = found.map(|e| {
+            if !e.visited.load(Ordering::Relaxed) {
+                e.visited.store(true, Ordering::Relaxed);
+            }
+            f(&e.value)
+        });
+        // The overflow stripe, exclusively: the contract makes this thread its only writer now.
+        let stripe = &self.stripes[STRIPES];
+        if out.is_some() {
+            Stripe::bump(&stripe.hits, true);
+        } else if count_miss {
+            Stripe::bump(&stripe.misses, true);
+        }
+        out
+    }
+
     /// Like [`Cache::get_with`] but without touching recency or counters. Takes no lock.
     pub fn peek_with<R>(&self, hash: u64, key: &[u8], f: impl FnOnce(&V) -> R) -> Option<R> {
         let guard = self.collector.enter();
@@ -538,6 +595,8 @@ impl<V> Cache<V> {
                     let (node, visited) = unsafe {
                         ((*old).node.load(Ordering::Relaxed), (*old).visited.load(Ordering::Relaxed))
                     };
+                    // SAFETY: `new` came from `Box::into_raw` above and is not published yet: this
+                    // thread has the only pointer to it.
                     unsafe {
                         (*new).node.store(node, Ordering::Relaxed);
                         (*new).visited.store(visited, Ordering::Relaxed);

@@ -9,7 +9,7 @@
 use std::cell::Cell;
 use std::ffi::c_int;
 use std::ptr::addr_of_mut;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering};
 use std::sync::RwLock;
 
 use jitkey_core::key::{Encoder, FastHashState, KeyError, MAX_DEPTH};
@@ -204,6 +204,65 @@ unsafe fn str_hash(s: *mut ffi::PyObject) -> ffi::Py_hash_t {
     unsafe { ffi::PyObject_Hash(s) }
 }
 
+/// How an exact int with at most one digit is read directly (`small_int`): 0 = not at all (the C
+/// API is called), 1 = sign and digit count in `ob_size` (3.10-3.11), 2 = in `lv_tag` (3.12-3.14).
+/// Either way the 30-bit digits follow the 16-byte `PyObject` header and one word.
+static INT_LAYOUT: AtomicU8 = AtomicU8::new(0);
+
+const INT_DIGITS_OFFSET: usize = 3 * std::mem::size_of::<usize>();
+
+/// The value of an exact int of at most one 30-bit digit, read directly where `init_layout` proved
+/// the layout; `None` for bigger ints or elsewhere (the caller then asks the C API).
+///
+/// # Safety
+/// `v` is a live exact int.
+#[inline(always)]
+unsafe fn small_int(v: *mut ffi::PyObject) -> Option<i64> {
+    let (sign, word) = match INT_LAYOUT.load(Ordering::Relaxed) {
+        // SAFETY: layout proven by `init_int_layout`; the word after the header is in the object.
+        1 => match unsafe { *v.cast::<isize>().add(2) } {
+            w @ -1..=1 => (w as i64, w),
+            _ => return None,
+        },
+        // Compact (fewer than 2 digits): bits 0-1 are the sign, 0 +, 1 zero, 2 -.
+        // SAFETY: as above, for the `lv_tag` word.
+        2 => match unsafe { *v.cast::<usize>().add(2) } {
+            tag @ 0..16 => (1 - (tag & 3) as i64, 1),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    if word == 0 {
+        return Some(0);
+    }
+    // SAFETY: an int with one digit holds it right after the header word.
+    let digit = unsafe { *v.cast::<u8>().add(INT_DIGITS_OFFSET).cast::<u32>() };
+    Some(sign * i64::from(digit))
+}
+
+/// Proves the direct int read on live ints before enabling it (only after the tuple/str proof).
+fn init_int_layout(py: Python<'_>, minor: u32) -> PyResult<()> {
+    let info = py.import("sys")?.getattr("int_info")?;
+    let (bits, size): (u32, u32) =
+        (info.getattr("bits_per_digit")?.extract()?, info.getattr("sizeof_digit")?.extract()?);
+    if bits != 30 || size != 4 {
+        return Ok(());
+    }
+    INT_LAYOUT.store(if minor <= 11 { 1 } else { 2 }, Ordering::Relaxed);
+    let one_digit = [0i64, 1, -1, 7, -7, 256, 1000, (1 << 30) - 1, -((1 << 30) - 1)];
+    let mut ok = true;
+    for v in one_digit.into_iter().chain([1 << 30, -(1 << 30), i64::MAX, i64::MIN]) {
+        let obj = v.into_pyobject(py)?;
+        // SAFETY: `obj` is a live exact int.
+        let read = unsafe { small_int(obj.as_ptr()) };
+        ok &= read == one_digit.contains(&v).then_some(v);
+    }
+    if !ok {
+        INT_LAYOUT.store(0, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
 /// Enables the direct reads above if this interpreter provably lays objects out as expected.
 pub(crate) fn init_layout(py: Python<'_>) -> PyResult<bool> {
     let sys = py.import("sys")?;
@@ -218,6 +277,9 @@ pub(crate) fn init_layout(py: Python<'_>) -> PyResult<bool> {
     let known = major == 3 && (10..=14).contains(&minor) && gil && !trace_refs;
     let ok = known && layout_matches(py)?;
     FAST_LAYOUT.store(ok, Ordering::Relaxed);
+    if ok {
+        init_int_layout(py, minor)?;
+    }
     Ok(ok)
 }
 
@@ -719,18 +781,25 @@ fn struct_leaf(obj: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject, h: u64) -> St
             return StructLeaf::Hash(mix(h ^ 6, str_hash(ptr) as u64));
         }
         if is_type(tp, addr_of_mut!(ffi::PyLong_Type)) {
+            if let Some(v) = small_int(ptr) {
+                return StructLeaf::Hash(mix(h ^ 3, v as u64));
+            }
             let mut overflow: c_int = 0;
             let v = ffi::PyLong_AsLongLongAndOverflow(ptr, &mut overflow);
             return if overflow == 0 { StructLeaf::Hash(mix(h ^ 3, v as u64)) } else { StructLeaf::No };
         }
+        if is_type(tp, addr_of_mut!(ffi::PyBool_Type)) {
+            return StructLeaf::Hash(mix(h, if ptr == ffi::Py_True() { 0x102 } else { 0x101 }));
+        }
         if is_type(tp, addr_of_mut!(ffi::PyTuple_Type)) {
             return StructLeaf::Tuple;
         }
+        // A dtype already seen is one pointer compare here (the call below is cold and heavy).
+        if tp == DTYPE_TYPE.load(Ordering::Acquire) {
+            return StructLeaf::Hash(mix(h ^ 9, ptr as u64));
+        }
         if ptr == ffi::Py_None() {
             return StructLeaf::Hash(mix(h, 0x100));
-        }
-        if is_type(tp, addr_of_mut!(ffi::PyBool_Type)) {
-            return StructLeaf::Hash(mix(h, if ptr == ffi::Py_True() { 0x102 } else { 0x101 }));
         }
         if is_type(tp, addr_of_mut!(ffi::PyFloat_Type)) {
             let v = ffi::PyFloat_AsDouble(ptr);

@@ -8,7 +8,9 @@
 //!   equality of encodings, so the route is a speed-up, never a different answer. Other keys
 //!   (big ints, devices, `__jitkey__` objects) are hashed and compared by their encoding.
 //! * A hit (`get`, `[]`, the hit path of `get_or_insert`) takes no lock: the value is incref'd
-//!   while the core's epoch guard protects the entry.
+//!   while the core's epoch guard protects the entry. With a GIL (every build but free-threaded
+//!   ones) calls are serialised anyway, and a structural hit uses the core's unguarded probe; there
+//!   `cache[key]` is also answered by a native `mp_subscript` slot (see "the `cache[key]` slot").
 //! * Values displaced by a write (replaced, evicted, removed, cleared) come back from the core
 //!   once no reader can see them and are decref'd here, attached, after the shard lock was
 //!   released: a value's `__del__` may use the cache freely.
@@ -20,11 +22,14 @@
 //! every lock this module waits on is taken with `lock_py_attached` or inside `Python::detach`.
 
 use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::ThreadId;
 
 use jitkey_core::lru::Cache;
 use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::sync::MutexExt;
@@ -46,6 +51,17 @@ fn with_key<R>(key: &Bound<'_, PyAny>, f: impl FnOnce(u64, &[u8], bool) -> R) ->
     with_encoding(key, "key", |enc| {
         f(structural.unwrap_or_else(|| fast_hash_state().hash(enc)), enc, structural.is_some())
     })
+}
+
+/// Whether this interpreter has a GIL (a build without `Py_GIL_DISABLED`): then every call into a
+/// cache runs attached, one thread at a time, and hits may use the core's serialised probe
+/// (`Cache::get_with_eq_serialized`). Set once by `register`; false (the guarded probe) until then
+/// and on free-threaded builds, even where the GIL was switched back on at run time.
+static GIL_SERIALISES: AtomicBool = AtomicBool::new(false);
+
+fn interpreter_has_gil(py: Python<'_>) -> PyResult<bool> {
+    let v = py.import("sysconfig")?.call_method1("get_config_var", ("Py_GIL_DISABLED",))?;
+    Ok(v.is_none() || !v.is_truthy()?)
 }
 
 /// How often a `get_or_insert` waiter wakes up to run signal handlers.
@@ -156,11 +172,7 @@ impl PyLruCache {
         let Some(hash) = structural_hash(key) else {
             return with_encoding(key, "key", |enc| self.get_encoded(py, fast_hash_state().hash(enc), enc));
         };
-        let out = self.inner.get_with_eq(
-            hash,
-            |_, s| s.key.as_ref().is_some_and(|k| structural_eq(k.bind(py), key)),
-            |s| s.value.bind(py).clone(),
-        );
+        let out = self.probe_structural(py, hash, key, true);
         if self.inner.has_displaced() {
             self.release_displaced();
         }
@@ -168,6 +180,33 @@ impl PyLruCache {
             with_encoding(key, "key", |_| ())?;
         }
         Ok(out)
+    }
+
+    /// The value under a structural key with its structural `hash`, as a new strong reference.
+    /// `count_miss`: false when the caller counts a miss by looking the key up again (only the
+    /// native slot, installed only with a GIL).
+    #[inline(always)]
+    fn probe_structural<'py>(
+        &self,
+        py: Python<'py>,
+        hash: u64,
+        key: &Bound<'py, PyAny>,
+        count_miss: bool,
+    ) -> Option<Bound<'py, PyAny>> {
+        // Identity first, inline: a warm hit usually probes with the very tuple it stored.
+        let is_key = |_: &[u8], s: &Slot| {
+            s.key.as_ref().is_some_and(|k| k.as_ptr() == key.as_ptr() || structural_eq(k.bind(py), key))
+        };
+        let value = |s: &Slot| s.value.bind(py).clone();
+        if GIL_SERIALISES.load(Ordering::Relaxed) {
+            // SAFETY: with a GIL every call into this cache runs attached, so one at a time; the
+            // comparison (exact builtins only) and the incref run no Python code, so the GIL is
+            // not released during this call.
+            unsafe { self.inner.get_with_eq_serialized(hash, count_miss, is_key, value) }
+        } else {
+            // Without a GIL the native slot is not installed, so every caller here counts misses.
+            self.inner.get_with_eq(hash, is_key, value)
+        }
     }
 
     /// After a counted miss on an encoding: the result of `factory`, stored under it. Single-flight:
@@ -432,6 +471,107 @@ impl PyLruCache {
     }
 }
 
+// ---- the `cache[key]` slot ----------------------------------------------------------------------
+//
+// A warm `cache[key]` hit on a small tuple costs about as much as `dict[key]`, so the fixed cost of
+// the call matters: PyO3's generated `mp_subscript` (its attach-count bookkeeping, a type check, the
+// panic trap, error conversion) is a sizeable share. With a GIL and the proven CPython layout, the
+// type's `mp_subscript` is replaced by `fast_subscript`, which answers structural hits itself and
+// hands everything else (other keys, misses, errors, pending displaced values) to PyO3's function,
+// unchanged. Only the slot is replaced: `LruCache.__getitem__` and `.get` stay PyO3's.
+
+/// PyO3's `mp_subscript` of `LruCache`, called by `fast_subscript` for all but structural hits.
+static PYO3_SUBSCRIPT: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// `PyMappingMethods` (not in the limited API; its layout is fixed since Python 3.0).
+#[repr(C)]
+struct MappingMethods {
+    mp_length: *mut c_void,
+    mp_subscript: *mut c_void,
+    mp_ass_subscript: *mut c_void,
+}
+
+/// Word index of `tp_as_mapping` in `PyTypeObject` (GIL builds without `Py_TRACE_REFS`, 3.0-3.14):
+/// after the 3-word `PyVarObject` header, tp_name, tp_basicsize, tp_itemsize, tp_dealloc,
+/// tp_vectorcall_offset, tp_getattr, tp_setattr, tp_as_async, tp_repr, tp_as_number, tp_as_sequence.
+const TP_AS_MAPPING_WORD: usize = 14;
+
+type BinaryFunc = unsafe extern "C" fn(*mut ffi::PyObject, *mut ffi::PyObject) -> *mut ffi::PyObject;
+
+/// `cache[key]`: a structural hit answered here, anything else by PyO3's slot.
+unsafe extern "C" fn fast_subscript(slf: *mut ffi::PyObject, key: *mut ffi::PyObject) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls a type's slots attached, with live arguments; the slot is installed only
+    // on `LruCache`, which cannot be subclassed, so `slf` is exactly a `PyLruCache`.
+    let hit = unsafe {
+        let py = Python::assume_attached();
+        let cache = Borrowed::from_ptr(py, slf).cast_unchecked::<PyLruCache>();
+        cache.get().subscript_hit(py, &Borrowed::from_ptr(py, key))
+    };
+    if let Some(v) = hit {
+        return v;
+    }
+    // SAFETY: set (non-null, PyO3's `mp_subscript` of this type) before this slot was installed.
+    unsafe {
+        let pyo3: BinaryFunc = std::mem::transmute(PYO3_SUBSCRIPT.load(Ordering::Relaxed));
+        pyo3(slf, key)
+    }
+}
+
+impl PyLruCache {
+    /// A structural hit as a new reference, else `None` (the caller takes PyO3's path). Raises
+    /// nothing. PyO3's attach count is not raised here, so nothing may depend on it: the probe runs
+    /// no Python code and drops no `Py` handle; only the first sighting of a type that is not a
+    /// builtin makes the structural hash ask Python whether it is `torch.dtype`, as PyO3's path would
+    /// (an error there is dropped, and PyO3 releases its references at its next call).
+    #[inline(always)]
+    fn subscript_hit(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> Option<*mut ffi::PyObject> {
+        if self.inner.has_displaced() {
+            return None; // PyO3's path releases them
+        }
+        let hash = structural_hash(key)?;
+        // A miss is counted by PyO3's path, which looks the key up again.
+        self.probe_structural(py, hash, key, false).map(Bound::into_ptr)
+    }
+}
+
+/// Installs `fast_subscript` on `LruCache` if the slot can be located with certainty; returns
+/// whether it did.
+fn install_fast_subscript(ty: &Bound<'_, pyo3::types::PyType>) -> PyResult<bool> {
+    let tp = ty.as_type_ptr();
+    let basicsize: usize = ty.get_type().getattr("__basicsize__")?.extract()?;
+    // SAFETY: `tp` is a live heap type; `PyType_GetSlot` reads its slots (stable ABI, 3.10+). The
+    // word read stays inside the type object (at most 15 words in, of `basicsize` bytes); the
+    // candidate `PyMappingMethods` is dereferenced only if it lies wholly inside the same object,
+    // where a heap type keeps its own, and is written only if both of its first two slots are the
+    // functions CPython reports for this type.
+    unsafe {
+        let length = ffi::PyType_GetSlot(tp, ffi::Py_mp_length);
+        let subscript = ffi::PyType_GetSlot(tp, ffi::Py_mp_subscript);
+        if length.is_null() || subscript.is_null() || basicsize < (TP_AS_MAPPING_WORD + 1) * 8 {
+            return Ok(false);
+        }
+        let start = tp as usize;
+        let cand = *tp.cast::<*mut MappingMethods>().add(TP_AS_MAPPING_WORD);
+        let c = cand as usize;
+        if c <= start || c + std::mem::size_of::<MappingMethods>() > start + basicsize {
+            return Ok(false);
+        }
+        if (*cand).mp_length != length || (*cand).mp_subscript != subscript {
+            return Ok(false);
+        }
+        PYO3_SUBSCRIPT.store(subscript, Ordering::Relaxed);
+        (*cand).mp_subscript = fast_subscript as BinaryFunc as *mut c_void;
+        ffi::PyType_Modified(tp);
+    }
+    Ok(true)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyLruCache>()
+    let gil = interpreter_has_gil(m.py())?;
+    GIL_SERIALISES.store(gil, Ordering::Relaxed);
+    m.add_class::<PyLruCache>()?;
+    // Layout reads are proven by `keys::register` (which runs first).
+    let layout = m.getattr("_FAST_LAYOUT")?.is_truthy()?;
+    let fast = gil && layout && install_fast_subscript(&m.py().get_type::<PyLruCache>())?;
+    m.add("_LRU_FAST_SUBSCRIPT", fast)
 }

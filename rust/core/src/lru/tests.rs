@@ -382,3 +382,34 @@ fn displaced_value_waits_for_a_concurrent_reader_then_comes_back_without_another
     assert_eq!(c.take_displaced(), vec![0]);
     assert!(!c.has_displaced());
 }
+
+#[test]
+fn serialized_probe_agrees_with_the_guarded_one() {
+    // One thread only, so the serialised contract holds; the probe must find exactly what
+    // `get_with_eq` finds, through tombstones and rebuilds, and count like it (misses optionally).
+    let s = FastHashState::new();
+    let c: Cache<u32> = Cache::new(64, Some(2));
+    let key = |i: u32| i.to_le_bytes();
+    for i in 0..48 {
+        drop(c.insert(h(&s, &key(i)), &key(i), i));
+    }
+    for i in (0..48).step_by(3) {
+        drop(c.remove(h(&s, &key(i)), &key(i)));
+    }
+    let before = c.stats();
+    for i in 0..60 {
+        let k = key(i);
+        let guarded = c.get_with_eq(h(&s, &k), |b, _| b == k, |v| *v);
+        // SAFETY: this test is the only thread using `c`.
+        let serial = unsafe { c.get_with_eq_serialized(h(&s, &k), true, |b, _| b == k, |v| *v) };
+        assert_eq!(guarded, serial, "key {i}");
+        assert_eq!(serial, (i < 48 && i % 3 != 0).then_some(i));
+        // SAFETY: as above.
+        let uncounted = unsafe { c.get_with_eq_serialized(h(&s, &k), false, |b, _| b == k, |v| *v) };
+        assert_eq!(uncounted, serial);
+    }
+    let after = c.stats();
+    let hits = (0..48u64).filter(|i| i % 3 != 0).count() as u64;
+    assert_eq!(after.hits - before.hits, 3 * hits);
+    assert_eq!(after.misses - before.misses, 2 * (60 - hits));
+}
