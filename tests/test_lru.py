@@ -44,6 +44,9 @@ def test_basic_mapping_api() -> None:
     with pytest.raises(KeyError) as ei:
         c["a"]
     assert ei.value.args == ("a",)
+    with pytest.raises(KeyError) as ei:  # a tuple key is the one argument, as dict raises it
+        c[("b",)]
+    assert ei.value.args == (("b",),)
     v = Obj()
     c["a"] = v
     assert c["a"] is v and c.get("a") is v and c.get("a", 5) is v

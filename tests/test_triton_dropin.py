@@ -349,6 +349,9 @@ def test_report_merges_processes():
         "misses": 1,
         "fallbacks": 1,
         "fallback_reasons": {"pre_run_hooks": 1},
+        "driver_launches": 7,
+        "launcher_reasons": {"the stream is not an int": 1},
+        "unplanned_variants": {},
         "busiest": [{"kernel": "m:k", "launches": 10, "hits": 8, "misses": 1, "fallbacks": 1}],
     }
     b = {
@@ -363,6 +366,9 @@ def test_report_merges_processes():
     m = merge([a, b], top=5)
     assert (m["kernels"], m["launches"], m["hits"], m["fallbacks"]) == (3, 15, 12, 1)
     assert m["warm_fast_path"] == 12 / 13 and m["busiest"][0]["launches"] == 15
+    # b is a report of an older jitkey (no launch counts): it adds nothing to them
+    assert m["driver_launches"] == 7 and m["launcher_reasons"] == {"the stream is not an int": 1}
+    assert m["unplanned_variants"] == {}
     assert jitkey.triton.report()["kernels"] >= 1
 
 

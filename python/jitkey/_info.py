@@ -23,6 +23,7 @@ ENV_VARS: dict[str, str] = {
     "JITKEY_DISK_CACHE": "rw (default) | ro (read-only) | 0 (memory-only): forces the DiskIndex mode",
     "JITKEY_TENSOR_FIELDS": "0 turns the direct TensorImpl reads off (the attribute path; same keys, slower)",
     "JITKEY_TRITON": "plain makes jitkey.triton.jit return plain triton.jit kernels (the binding is bypassed)",
+    "JITKEY_DRIVER_LAUNCH": "0 makes warm hits call Triton's launcher instead of cuLaunchKernelEx from jitkey",
     "JITKEY_LOG": "debug | info | warning | error: attach a stderr handler at that level to the jitkey logger",
 }
 INDEX_FILE = "index.v1.jki"

@@ -92,9 +92,14 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     )
     for why, n in list(rep["fallback_reasons"].items())[:20]:
         tr.write_line(f"  fallback {n:>7}  {why}")
-    tr.write_line(f"hits launched by jitkey itself (cuLaunchKernelEx): {rep['driver_launches']}")
+    tr.write_line(
+        f"hits launched by jitkey itself (cuLaunchKernelEx): {rep['driver_launches']}; "
+        f"through Triton's launcher: {rep['hits'] - rep['driver_launches']}"
+    )
     for why, n in list(rep["launcher_reasons"].items())[:20]:
-        tr.write_line(f"  via Triton's launcher {n:>7}  {why}")
+        tr.write_line(f"  declined {n:>7} hits  {why}")
+    for why, n in list(rep["unplanned_variants"].items())[:20]:
+        tr.write_line(f"  no launch plan {n:>5} compiled variants  {why}")
     for b in rep["busiest"]:
         tr.write_line(
             f"  {b['launches']:>8} launches  {b['hits']:>8} hits  {b['misses']:>6} misses  "

@@ -17,6 +17,7 @@ function with the parameters packed once (``_LaunchPlan._floor``). Inductor's st
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
@@ -126,12 +127,14 @@ def _time_interleaved(
     """Host µs per launch of each batch, per implementation. The implementations take turns batch by batch
     (in a rotating order), so a slow phase of a noisy host hits every one of them alike. ``batch_impls`` run a
     whole batch of ``launches`` launches in one call (the driver floor's native loop)."""
-    for fn in impls.values():
-        for _ in range(3):  # warm the path (and the allocator, caches)
-            fn()
-    for bfn in batch_impls.values():
-        bfn(3)
-    torch.cuda.synchronize()
+    for _ in range(3):  # warm every path (allocator, caches, the host's clock) for a few batches first
+        for fn in impls.values():
+            for _ in range(launches):
+                fn()
+            torch.cuda.synchronize()
+        for bfn in batch_impls.values():
+            bfn(launches)
+            torch.cuda.synchronize()
     per_launch: dict[str, list[float]] = {name: [] for name in (*impls, *batch_impls)}
     order: list[tuple[str, Callable[[], Any], bool]] = [(n, f, False) for n, f in impls.items()]
     order += [(n, f, True) for n, f in batch_impls.items()]  # type: ignore[misc]
@@ -149,6 +152,11 @@ def _time_interleaved(
             per_launch[name].append((t1 - t0) / launches * 1e6)
     torch.cuda.synchronize()
     return per_launch
+
+
+def _floor_batch(plan: Any, g0: int, dev: int, args: tuple[Any, ...], n: int) -> float:
+    """``n`` launches in the driver floor's native loop (parameters packed once)."""
+    return float(plan._floor(n, g0, 1, 1, torch._C._cuda_getCurrentRawStream(dev), dev, *args))
 
 
 def _inductor_static(ck: Any, args: tuple[Any, ...], dev: int, tmp: str) -> tuple[Any, tuple[Any, ...]] | str:
@@ -226,15 +234,9 @@ def run_bench(batches: int = 100, launches: int = 200) -> dict[str, Any]:
         if plan is None:
             row["driver floor: unavailable"] = why
         else:
-            batch_impls["driver floor"] = lambda n, plan=plan, args=args, g0=g0: plan._floor(
-                n, g0, 1, 1, get_stream(dev), dev, *args
-            )
-            _check(
-                f"{label} / driver floor",
-                lambda plan=plan, args=args, g0=g0: plan._floor(1, g0, 1, 1, get_stream(dev), dev, *args),
-                out,
-                ref,
-            )
+            floor = functools.partial(_floor_batch, plan, g0, dev, args)
+            batch_impls["driver floor"] = floor
+            _check(f"{label} / driver floor", functools.partial(floor, 1), out, ref)
         for name, fn in impls.items():
             if name == "torch.add":
                 _check(f"{label} / {name}", fn, tmp_out, x0 + y0)

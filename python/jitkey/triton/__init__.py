@@ -89,8 +89,9 @@ def report(top: int = 10) -> dict[str, Any]:
     ``kernels``, ``launches`` (hits + misses + fallbacks), ``hits``, ``misses`` (Triton ran the call,
     compiling if needed), ``fallbacks`` and ``fallback_reasons``, ``warm_fast_path`` (hits / (hits +
     fallbacks): the share of launches that did not compile and took the fast path), ``driver_launches`` (hits
-    that jitkey packed and launched itself), ``launcher_reasons`` (why the other hits went through Triton's
-    launcher: per call, or per compiled variant without a launch plan) and the ``busiest`` kernels by launches.
+    that jitkey packed and launched itself), ``launcher_reasons`` (hits a launch plan declined and handed to
+    Triton's launcher, by reason), ``unplanned_variants`` (compiled variants without a launch plan, by reason:
+    all their hits use Triton's launcher) and the ``busiest`` kernels by launches.
     """
     per_kernel = []
     for ks in registry():
@@ -105,6 +106,7 @@ def report(top: int = 10) -> dict[str, Any]:
                 "fallback_reasons": s["fallback_reasons"],
                 "driver_launches": s["driver_launches"],
                 "launcher_reasons": s["launcher_reasons"],
+                "unplanned_variants": s["unplanned_variants"],
                 "busiest": [{"kernel": ks.name, "launches": launches, **counts}],
             }
         )
@@ -117,6 +119,7 @@ def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
     driver = 0
     reasons: dict[str, int] = {}
     launcher: dict[str, int] = {}
+    unplanned: dict[str, int] = {}
     busiest: dict[str, dict[str, int]] = {}
     for r in reports:
         for k in out:
@@ -126,6 +129,8 @@ def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
         driver += r.get("driver_launches", 0)  # reports of older jitkey versions lack the launch counts
         for why, n in r.get("launcher_reasons", {}).items():
             launcher[why] = launcher.get(why, 0) + n
+        for why, n in r.get("unplanned_variants", {}).items():
+            unplanned[why] = unplanned.get(why, 0) + n
         for b in r["busiest"]:
             d = busiest.setdefault(b["kernel"], {"launches": 0, "hits": 0, "misses": 0, "fallbacks": 0})
             for k in d:
@@ -135,6 +140,7 @@ def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
     out["fallback_reasons"] = dict(sorted(reasons.items(), key=lambda kv: -kv[1]))
     out["driver_launches"] = driver
     out["launcher_reasons"] = dict(sorted(launcher.items(), key=lambda kv: -kv[1]))
+    out["unplanned_variants"] = dict(sorted(unplanned.items(), key=lambda kv: -kv[1]))
     ranked = sorted(busiest.items(), key=lambda kv: -kv[1]["launches"])[:top]
     out["busiest"] = [{"kernel": name, **d} for name, d in ranked]
     return out

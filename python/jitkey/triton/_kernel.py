@@ -39,8 +39,10 @@ def plain() -> bool:
 
 class KernelStats:
     """What one kernel's launches did: ``hits``, ``misses`` (Triton ran the call) and fallbacks by reason;
-    and of the hits, how many jitkey launched itself (``driver_launches``) and why the others went through
-    Triton's launcher (``launcher_reasons``: per call, or per compiled variant without a launch plan)."""
+    and of the hits, how many jitkey launched itself (``driver_launches``), why the others went through
+    Triton's launcher (``launcher_reasons``: calls a launch plan declined, by reason) and why compiled
+    variants have no launch plan at all (``unplanned_variants``: variants, by reason; their hits all go
+    through Triton's launcher)."""
 
     __slots__ = ("_cache", "_plans", "fallbacks", "final", "name", "unplanned")
 
@@ -61,20 +63,24 @@ class KernelStats:
             pass
         plan, why = launch_plan(ck, ck.run, nparams)
         if plan is None:
-            self.unplanned[f"compiled kernel without a launch plan: {why}"] += 1
+            self.unplanned[str(why)] += 1
         with contextlib.suppress(TypeError):  # not weak-referenceable: made again next time
             self._plans[ck] = plan
         return plan
 
     def _launch_counts(self) -> dict[str, Any]:
         launched = 0
-        reasons: Counter[str] = Counter(self.unplanned)
+        reasons: Counter[str] = Counter()
         for plan in list(self._plans.values()):
             if plan is not None:
                 c = plan.counts()
                 launched += c["launched"]
                 reasons.update(c["declined"])
-        return {"driver_launches": launched, "launcher_reasons": dict(reasons)}
+        return {
+            "driver_launches": launched,
+            "launcher_reasons": dict(reasons),
+            "unplanned_variants": dict(self.unplanned),
+        }
 
     def snapshot(self) -> dict[str, Any]:
         if self.final is not None:
@@ -91,7 +97,7 @@ class KernelStats:
     def _freeze(self) -> None:  # the kernel is gone: keep the numbers, not its cache
         if self._cache is not None:
             snap = self.snapshot()
-            keep = ("hits", "misses", "entries", "driver_launches", "launcher_reasons")
+            keep = ("hits", "misses", "entries", "driver_launches", "launcher_reasons", "unplanned_variants")
             self.final = {k: snap[k] for k in keep}
             self._cache = None
             self._plans = weakref.WeakKeyDictionary()

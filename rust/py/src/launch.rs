@@ -584,6 +584,7 @@ impl Call<'_> {
 struct Def(*mut ffi::PyMethodDef);
 // SAFETY: a definition is written once, then only read (by CPython).
 unsafe impl Send for Def {}
+// SAFETY: as for Send: never written after it is made.
 unsafe impl Sync for Def {}
 
 fn method_def(
@@ -637,10 +638,10 @@ fn c_body(py: Python<'_>, f: impl FnOnce() -> PyResult<*mut ffi::PyObject>) -> *
 }
 
 fn kw_count(kwnames: *mut ffi::PyObject) -> usize {
-    // SAFETY: null or a tuple (vectorcall protocol).
     if kwnames.is_null() {
         0
     } else {
+        // SAFETY: a non-null kwnames is a tuple (vectorcall protocol).
         (unsafe { ffi::PyTuple_Size(kwnames) }) as usize
     }
 }
@@ -668,8 +669,12 @@ unsafe fn fastcall(
     c_body(py, || {
         let nargs = nargs as usize;
         let n = nargs + kw_count(kwnames);
-        let all: &[*mut ffi::PyObject] =
-            if n == 0 { &[] } else { unsafe { std::slice::from_raw_parts(args, n) } };
+        let all: &[*mut ffi::PyObject] = if n == 0 {
+            &[]
+        } else {
+            // SAFETY: `args` holds nargs + len(kwnames) live pointers (the function's contract).
+            unsafe { std::slice::from_raw_parts(args, n) }
+        };
         let (launcher, grid, first) = pick(slf, all, nargs)?;
         // SAFETY: `pick` returns a live launcher object.
         let launcher = unsafe { Borrowed::from_ptr(py, launcher).cast_unchecked::<Launcher>() };

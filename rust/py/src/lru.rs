@@ -330,7 +330,7 @@ impl PyLruCache {
     }
 
     fn __getitem__<'py>(&self, py: Python<'py>, key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        self.lookup(py, key)?.ok_or_else(|| PyKeyError::new_err(key.clone().unbind()))
+        self.lookup(py, key)?.ok_or_else(|| PyKeyError::new_err((key.clone().unbind(),)))
     }
 
     fn __setitem__(&self, key: &Bound<'_, PyAny>, value: Py<PyAny>) -> PyResult<()> {
@@ -346,7 +346,7 @@ impl PyLruCache {
         if found {
             Ok(())
         } else {
-            Err(PyKeyError::new_err(key.clone().unbind()))
+            Err(PyKeyError::new_err((key.clone().unbind(),)))
         }
     }
 
@@ -374,7 +374,7 @@ impl PyLruCache {
         match found {
             Some(v) => Ok(v.into_bound(py)),
             None if default.len() == 1 => default.get_item(0),
-            None => Err(PyKeyError::new_err(key.clone().unbind())),
+            None => Err(PyKeyError::new_err((key.clone().unbind(),))),
         }
     }
 
@@ -502,11 +502,15 @@ type BinaryFunc = unsafe extern "C" fn(*mut ffi::PyObject, *mut ffi::PyObject) -
 unsafe extern "C" fn fast_subscript(slf: *mut ffi::PyObject, key: *mut ffi::PyObject) -> *mut ffi::PyObject {
     // SAFETY: CPython calls a type's slots attached, with live arguments; the slot is installed only
     // on `LruCache`, which cannot be subclassed, so `slf` is exactly a `PyLruCache`.
-    let hit = unsafe {
+    // A panic (none is expected: the probe runs no Python code) must not unwind out of a C slot:
+    // it becomes a miss here, and PyO3's path answers.
+    let hit = std::panic::catch_unwind(|| unsafe {
         let py = Python::assume_attached();
         let cache = Borrowed::from_ptr(py, slf).cast_unchecked::<PyLruCache>();
         cache.get().subscript_hit(py, &Borrowed::from_ptr(py, key))
-    };
+    })
+    .ok()
+    .flatten();
     if let Some(v) = hit {
         return v;
     }
