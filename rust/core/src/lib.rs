@@ -15,4 +15,4 @@ pub mod key;
 pub mod lru;
 pub mod signature;
 
-pub use key::{digest, Encoder, FastHashState, KeyError, Value};
+pub use key::{digest, EncodeError, Encoder, FastHashState, Value};

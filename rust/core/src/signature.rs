@@ -28,7 +28,7 @@
 //!
 //! Rules keyed by value (int value, float value, bool, None, constexpr, any) write plain v1 leaves.
 
-use crate::key::{tag as vtag, Encoder, KeyError, Value};
+use crate::key::{tag as vtag, EncodeError, Encoder, Value};
 
 /// Signature leaf tags (all inside the range `key::tag::SIGNATURE_FIRST..=SIGNATURE_LAST`).
 pub mod tag {
@@ -288,17 +288,17 @@ impl ByType {
 /// (a complete v1 encoding).
 ///
 /// # Errors
-/// [`KeyError::TooLong`] if the plan description exceeds 2**32 − 1 bytes.
-pub fn header(rules: &[Rule], extra_encoding: &[u8]) -> Result<Vec<u8>, KeyError> {
+/// [`EncodeError::TooLong`] if the plan description exceeds 2**32 − 1 bytes.
+pub fn header(rules: &[Rule], extra_encoding: &[u8]) -> Result<Vec<u8>, EncodeError> {
     let mut plan = vec![PLAN_VERSION];
-    let n =
-        u32::try_from(rules.len()).map_err(|_| KeyError::TooLong { what: "signature", len: rules.len() })?;
+    let n = u32::try_from(rules.len())
+        .map_err(|_| EncodeError::TooLong { what: "signature", len: rules.len() })?;
     plan.extend_from_slice(&n.to_le_bytes());
     for r in rules {
         r.describe(&mut plan);
     }
     let len =
-        u32::try_from(plan.len()).map_err(|_| KeyError::TooLong { what: "signature", len: plan.len() })?;
+        u32::try_from(plan.len()).map_err(|_| EncodeError::TooLong { what: "signature", len: plan.len() })?;
     let mut out = Vec::with_capacity(5 + plan.len() + extra_encoding.len());
     out.push(tag::HEADER);
     out.extend_from_slice(&len.to_le_bytes());

@@ -12,7 +12,7 @@ use std::ptr::addr_of_mut;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::RwLock;
 
-use jitkey_core::key::{Encoder, FastHashState, KeyError, MAX_DEPTH};
+use jitkey_core::key::{EncodeError, Encoder, FastHashState, MAX_DEPTH};
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -42,7 +42,7 @@ struct WalkErrorInner {
 #[derive(Debug)]
 enum WalkErrorKind {
     Unsupported { type_name: String, why: &'static str },
-    Key(KeyError),
+    Key(EncodeError),
     Py(PyErr),
 }
 
@@ -90,10 +90,10 @@ impl WalkError {
             WalkErrorKind::Unsupported { type_name, why } => UnsupportedKeyError::new_err(format!(
                 "cannot key a value of type '{type_name}' at {at}: {why}"
             )),
-            WalkErrorKind::Key(e @ KeyError::TooDeep { .. }) => {
+            WalkErrorKind::Key(e @ EncodeError::TooDeep { .. }) => {
                 KeyDepthError::new_err(format!("{e} (at {at})"))
             }
-            WalkErrorKind::Key(e @ KeyError::TooLong { .. }) => {
+            WalkErrorKind::Key(e @ EncodeError::TooLong { .. }) => {
                 KeyLengthError::new_err(format!("{e} (at {at})"))
             }
             WalkErrorKind::Key(e) => {
@@ -114,9 +114,9 @@ impl WalkError {
     }
 }
 
-impl From<KeyError> for WalkError {
+impl From<EncodeError> for WalkError {
     #[cold]
-    fn from(e: KeyError) -> Self {
+    fn from(e: EncodeError) -> Self {
         Self::new(WalkErrorKind::Key(e))
     }
 }
@@ -473,7 +473,7 @@ fn walk_bigint(obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> WalkResult {
 
 fn walk_tuple(obj: &Bound<'_, PyAny>, enc: &mut Encoder, depth: usize) -> WalkResult {
     if depth >= MAX_DEPTH {
-        return Err(KeyError::TooDeep { limit: MAX_DEPTH }.into());
+        return Err(EncodeError::TooDeep { limit: MAX_DEPTH }.into());
     }
     let ptr = obj.as_ptr();
     // SAFETY: exact tuple; items are borrowed from an immutable tuple we keep alive.
@@ -516,7 +516,7 @@ fn walk_other(
         return Err(WalkError::unsupported(obj, UNSUPPORTED_WHY));
     }
     if depth >= MAX_DEPTH {
-        return Err(KeyError::TooDeep { limit: MAX_DEPTH }.into());
+        return Err(EncodeError::TooDeep { limit: MAX_DEPTH }.into());
     }
     let type_name = object_type_name(&ty)?;
     enc.object_header(&type_name)?;
