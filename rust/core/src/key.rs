@@ -106,6 +106,9 @@ pub enum EncodeError {
     },
     /// A big-int payload that is empty or fits in i64 (whose one encoding is the i64 form).
     BadBigInt,
+    /// Metadata a signature leaf cannot hold (more than 255 tensor dims, strides of another rank
+    /// than the shape, an int outside Triton's range); the text says which.
+    BadLeaf(&'static str),
 }
 
 impl fmt::Display for EncodeError {
@@ -119,6 +122,7 @@ impl fmt::Display for EncodeError {
             }
             EncodeError::BadName { what, name } => write!(f, "invalid {what} name {name:?}"),
             EncodeError::BadBigInt => f.write_str("big int payload is empty or fits in i64"),
+            EncodeError::BadLeaf(why) => f.write_str(why),
         }
     }
 }
