@@ -1,6 +1,7 @@
-//! Signature plans: per-parameter rules, the signature header, the signature leaves (tags
-//! `0x10..=0x3F`) and a decoder that turns a signature encoding back into named components
-//! (what `Signature.flatten` / `Signature.explain` show).
+//! Signature plans: per-parameter rules, the signature header, the writers of the signature
+//! leaves (tags `0x10..=0x3F`, from borrowed metadata such as [`TensorMeta`]) and a decoder that
+//! turns a signature encoding back into named components (what `Signature.flatten` /
+//! `Signature.explain` show). The binding only reads Python objects and calls the writers.
 //!
 //! # Encoding of a call under a signature
 //!

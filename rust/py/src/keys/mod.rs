@@ -3,14 +3,20 @@
 //! The walk dispatches on the *exact* type of each object, so a subclass can never smuggle in its
 //! own `__eq__`/`__hash__`/`__str__`; nothing is ever keyed through `repr()` or `str()`.
 //! Exact builtins are read through the C API (borrowed tuple items, cached UTF-8 of str objects);
-//! `torch.dtype` / `torch.device` are recognised by their type objects, cached on first sight;
-//! any other object must define `__jitkey__()`, else the walk fails naming the type and position.
+//! `torch.dtype` / `torch.device` are recognised by their type objects and named through the
+//! tables of `crate::torch` (shared with the signature walk); any other object must define
+//! `__jitkey__()`, else the walk fails naming the type and position.
+//!
+//! Submodules: `layout` (direct reads of CPython tuples and strs, enabled only where proven) and
+//! `structural` (the in-memory hash and equality of `jitkey.LruCache` keys without encoding).
 
 use std::cell::Cell;
 use std::ffi::c_int;
 use std::ptr::addr_of_mut;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::RwLock;
+
+mod layout;
+mod structural;
 
 use jitkey_core::key::{EncodeError, Encoder, FastHashState, MAX_DEPTH};
 use pyo3::ffi;
@@ -19,6 +25,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyType};
 
 use crate::errors::{KeyDepthError, KeyLengthError, UnsupportedKeyError};
+use crate::torch::{device_of, dtype_name, torch_kind, TorchError, TorchKind};
+use layout::{init_layout, tuple_len};
+pub(crate) use layout::{tuple_fill, tuple_item};
+pub(crate) use structural::{structural_eq, structural_hash};
 
 /// One step of the path from the root of a key tree to the failing leaf.
 #[derive(Debug, Clone, Copy)]
@@ -41,8 +51,13 @@ struct WalkErrorInner {
 
 #[derive(Debug)]
 enum WalkErrorKind {
-    Unsupported { type_name: String, why: &'static str },
+    Unsupported {
+        type_name: String,
+        why: &'static str,
+    },
     Key(EncodeError),
+    /// A dtype or device that cannot be named (see `crate::torch`).
+    Torch(String),
     Py(PyErr),
 }
 
@@ -99,6 +114,9 @@ impl WalkError {
             WalkErrorKind::Key(e) => {
                 UnsupportedKeyError::new_err(format!("cannot key the value at {at}: {e}"))
             }
+            WalkErrorKind::Torch(msg) => {
+                UnsupportedKeyError::new_err(format!("cannot key the value at {at}: {msg}"))
+            }
             // KeyboardInterrupt, SystemExit, GeneratorExit (raised inside __jitkey__ or a
             // __str__): not a key problem; they pass through unchanged.
             WalkErrorKind::Py(err) if !err.is_instance_of::<pyo3::exceptions::PyException>(py) => err,
@@ -121,6 +139,16 @@ impl From<EncodeError> for WalkError {
     }
 }
 
+impl From<TorchError> for WalkError {
+    #[cold]
+    fn from(e: TorchError) -> Self {
+        match e {
+            TorchError::Msg(m) => Self::new(WalkErrorKind::Torch(m)),
+            TorchError::Py(e) => Self::new(WalkErrorKind::Py(e)),
+        }
+    }
+}
+
 impl From<PyErr> for WalkError {
     #[cold]
     fn from(e: PyErr) -> Self {
@@ -132,183 +160,6 @@ pub(crate) type WalkResult<T = ()> = Result<T, WalkError>;
 
 const UNSUPPORTED_WHY: &str = "jitkey keys None, bool, int, float, str, bytes, tuple, torch.dtype, \
      torch.device and objects defining __jitkey__(); subclasses of builtins need __jitkey__() too";
-
-// ---- object layout fast paths ------------------------------------------------------------------
-//
-// The abi3 build may only call functions for tuple items and str hashes (`PyTuple_GetItem`,
-// `PyObject_Hash`); those calls were a third of a warm structural hash. On the CPython builds an
-// abi3 wheel can load into (3.10-3.14, GIL, no Py_TRACE_REFS), a tuple's items follow its 24-byte
-// `PyVarObject` header and a str caches its hash in the 4th word of `PyASCIIObject`. jitkey reads
-// them directly only after `init_layout` proved, on live objects at import, that direct reads
-// equal the API's answers; on any other interpreter it keeps calling the API.
-
-static FAST_LAYOUT: AtomicBool = AtomicBool::new(false);
-
-const TUPLE_ITEMS_OFFSET: usize = 3 * std::mem::size_of::<usize>();
-const STR_HASH_WORD: usize = 3;
-
-/// Item `i` of an exact tuple (borrowed).
-///
-/// # Safety
-/// `tuple` is a live exact tuple and `0 <= i < len`.
-#[inline(always)]
-pub(crate) unsafe fn tuple_item(tuple: *mut ffi::PyObject, i: ffi::Py_ssize_t) -> *mut ffi::PyObject {
-    if FAST_LAYOUT.load(Ordering::Relaxed) {
-        // SAFETY: layout verified by `init_layout`; index in range per the contract.
-        unsafe { *tuple.cast::<u8>().add(TUPLE_ITEMS_OFFSET).cast::<*mut ffi::PyObject>().add(i as usize) }
-    } else {
-        unsafe { ffi::PyTuple_GetItem(tuple, i) }
-    }
-}
-
-/// Fills slot `i` of a tuple just made by `PyTuple_New`, stealing `item` (a new reference).
-///
-/// # Safety
-/// `tuple` is a fresh, not yet shared tuple, `0 <= i < len`, and slot `i` is still empty.
-#[inline(always)]
-pub(crate) unsafe fn tuple_fill(tuple: *mut ffi::PyObject, i: ffi::Py_ssize_t, item: *mut ffi::PyObject) {
-    if FAST_LAYOUT.load(Ordering::Relaxed) {
-        // SAFETY: layout verified by `init_layout`; the slot is empty, so nothing is overwritten.
-        unsafe {
-            *tuple.cast::<u8>().add(TUPLE_ITEMS_OFFSET).cast::<*mut ffi::PyObject>().add(i as usize) = item
-        }
-    } else {
-        unsafe { ffi::PyTuple_SetItem(tuple, i, item) };
-    }
-}
-
-/// Length of an exact tuple. `ob_size` of `PyVarObject` is part of the stable ABI (`Py_SIZE`).
-///
-/// # Safety
-/// `tuple` is a live exact tuple.
-#[inline(always)]
-pub(crate) unsafe fn tuple_len(tuple: *mut ffi::PyObject) -> ffi::Py_ssize_t {
-    // SAFETY: `PyVarObject { ob_refcnt, ob_type, ob_size }` is stable-ABI layout.
-    unsafe { (*tuple.cast::<ffi::PyVarObject>()).ob_size }
-}
-
-/// CPython's hash of an exact str, from its cache when the layout allows.
-///
-/// # Safety
-/// `s` is a live exact str.
-#[inline(always)]
-unsafe fn str_hash(s: *mut ffi::PyObject) -> ffi::Py_hash_t {
-    if FAST_LAYOUT.load(Ordering::Relaxed) {
-        // SAFETY: layout verified by `init_layout`.
-        let cached = unsafe { *s.cast::<ffi::Py_hash_t>().add(STR_HASH_WORD) };
-        if cached != -1 {
-            return cached;
-        }
-    }
-    // Never fails for an exact str (the hash is then cached in the object).
-    unsafe { ffi::PyObject_Hash(s) }
-}
-
-/// Enables the direct reads above if this interpreter provably lays objects out as expected.
-pub(crate) fn init_layout(py: Python<'_>) -> PyResult<bool> {
-    let sys = py.import("sys")?;
-    let version = sys.getattr("version_info")?;
-    let (major, minor): (u32, u32) =
-        (version.getattr("major")?.extract()?, version.getattr("minor")?.extract()?);
-    let gil = match sys.getattr("_is_gil_enabled") {
-        Ok(f) => f.call0()?.extract::<bool>()?,
-        Err(_) => true,
-    };
-    let trace_refs = sys.hasattr("getobjects")?;
-    let known = major == 3 && (10..=14).contains(&minor) && gil && !trace_refs;
-    let ok = known && layout_matches(py)?;
-    FAST_LAYOUT.store(ok, Ordering::Relaxed);
-    Ok(ok)
-}
-
-fn layout_matches(py: Python<'_>) -> PyResult<bool> {
-    let items =
-        [py.None(), 7i64.into_pyobject(py)?.into_any().unbind(), py.import("sys")?.into_any().unbind()];
-    let tuple = pyo3::types::PyTuple::new(py, &items)?;
-    let tp = tuple.as_ptr();
-    for i in 0..3 {
-        // SAFETY: `tuple` is a live 3-tuple; the direct read stays inside its allocation.
-        let (api, direct) = unsafe {
-            (
-                ffi::PyTuple_GetItem(tp, i),
-                *tp.cast::<u8>().add(TUPLE_ITEMS_OFFSET).cast::<*mut ffi::PyObject>().add(i as usize),
-            )
-        };
-        if api != direct {
-            return Ok(false);
-        }
-    }
-    // A fresh (never hashed) str reads -1; after hashing, the word holds exactly the hash.
-    let probe = pyo3::types::PyString::new(py, &format!("jitkey-layout-probe-{:x}", std::process::id()));
-    let sp = probe.as_ptr();
-    // SAFETY: `probe` is a live str of at least 4 words (header + length + hash).
-    let before = unsafe { *sp.cast::<ffi::Py_hash_t>().add(STR_HASH_WORD) };
-    let hash = probe.hash()?;
-    let after = unsafe { *sp.cast::<ffi::Py_hash_t>().add(STR_HASH_WORD) };
-    Ok(before == -1 && after == hash && hash != -1)
-}
-
-// ---- torch type recognition --------------------------------------------------------------------
-
-static DTYPE_TYPE: AtomicPtr<ffi::PyTypeObject> = AtomicPtr::new(std::ptr::null_mut());
-static DEVICE_TYPE: AtomicPtr<ffi::PyTypeObject> = AtomicPtr::new(std::ptr::null_mut());
-
-/// dtype object → short name. torch's dtype objects are module-level singletons; the entries hold
-/// a strong reference (`Py`), so a pointer can never be reused by another object.
-type DtypeEntry = (usize, Box<str>, Py<PyAny>);
-static DTYPE_NAMES: RwLock<Vec<DtypeEntry>> = RwLock::new(Vec::new());
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum TorchKind {
-    Dtype,
-    Device,
-}
-
-/// Whether `tp` is `torch.dtype` / `torch.device`. The fast check is a pointer compare; the first
-/// sighting of each type must be the very type object `sys.modules["torch"].<name>` (a C type,
-/// not a Python class), then is cached (leaked, immortal). A class that only calls itself
-/// `torch.dtype` (its `__module__`/`__name__`) is an ordinary object, keyed only via `__jitkey__`.
-fn torch_kind(obj: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject) -> Option<TorchKind> {
-    if tp == DTYPE_TYPE.load(Ordering::Acquire) {
-        return Some(TorchKind::Dtype);
-    }
-    if tp == DEVICE_TYPE.load(Ordering::Acquire) {
-        return Some(TorchKind::Device);
-    }
-    let ty = obj.get_type();
-    let py = obj.py();
-    let module = ty.getattr(intern!(py, "__module__")).ok()?;
-    if module.extract::<&str>().ok()? != "torch" {
-        return None;
-    }
-    let name = ty.name().ok()?;
-    let (kind, slot, attr) = match name.to_str().ok()? {
-        "dtype" => (TorchKind::Dtype, &DTYPE_TYPE, intern!(py, "dtype")),
-        "device" => (TorchKind::Device, &DEVICE_TYPE, intern!(py, "device")),
-        _ => return None,
-    };
-    // SAFETY: `tp` is the live type of `obj`.
-    let heap = unsafe { ffi::PyType_GetFlags(tp) } & ffi::Py_TPFLAGS_HEAPTYPE != 0;
-    let modules = py.import(intern!(py, "sys")).ok()?.getattr(intern!(py, "modules")).ok()?;
-    let real = modules.get_item(intern!(py, "torch")).ok()?.getattr(attr).ok()?;
-    if heap || !std::ptr::eq(real.as_ptr(), tp.cast()) {
-        return None;
-    }
-    // Keep the type alive forever: the cached pointer must never dangle.
-    std::mem::forget(ty.clone().unbind());
-    slot.store(tp, Ordering::Release);
-    Some(kind)
-}
-
-/// Whether `obj` is a real `torch.dtype` (see [`torch_kind`]).
-pub(crate) fn is_torch_dtype(obj: &Bound<'_, PyAny>) -> bool {
-    torch_kind(obj, obj.get_type_ptr()) == Some(TorchKind::Dtype)
-}
-
-/// Whether `obj` is a real `torch.device` (see [`torch_kind`]).
-pub(crate) fn is_torch_device(obj: &Bound<'_, PyAny>) -> bool {
-    torch_kind(obj, obj.get_type_ptr()) == Some(TorchKind::Device)
-}
 
 /// `module.qualname` of a `__jitkey__` object's type, as `_reference._type_name` spells it: only
 /// `builtins` is left out. (PyO3's `fully_qualified_name` also drops `__main__`, which made a class
@@ -328,40 +179,24 @@ fn object_type_name(ty: &Bound<'_, PyType>) -> PyResult<String> {
     })
 }
 
-fn dtype_name(obj: &Bound<'_, PyAny>) -> WalkResult<Box<str>> {
-    let key = obj.as_ptr() as usize;
-    if let Ok(names) = DTYPE_NAMES.read() {
-        if let Some((_, name, _)) = names.iter().find(|(p, _, _)| *p == key) {
-            return Ok(name.clone());
+/// A `torch.dtype` / `torch.device` (exact type checked by `torch_kind`), named through the
+/// shared tables of `crate::torch`.
+#[cold]
+fn encode_torch(obj: &Bound<'_, PyAny>, kind: TorchKind, enc: &mut Encoder) -> WalkResult {
+    match kind {
+        TorchKind::Dtype => enc.dtype(dtype_name(obj)?)?,
+        TorchKind::Device => {
+            let (ty, index) = device_of(obj)?;
+            enc.device(ty, (index >= 0).then_some(index))?;
         }
     }
-    // str(torch.float32) == "torch.float32": the exact type was checked, so this is torch's own,
-    // fixed spelling of the dtype, not a user-controlled repr.
-    let full = obj.str()?;
-    let full = full.to_str()?;
-    let short: Box<str> = full.strip_prefix("torch.").unwrap_or(full).into();
-    if let Ok(mut names) = DTYPE_NAMES.write() {
-        if !names.iter().any(|(p, _, _)| *p == key) {
-            names.push((key, short.clone(), obj.clone().unbind()));
-        }
-    }
-    Ok(short)
-}
-
-fn encode_device(obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> WalkResult {
-    let py = obj.py();
-    let dev_type = obj.getattr(intern!(py, "type"))?;
-    let dev_type = dev_type.extract::<&str>()?;
-    let index = obj.getattr(intern!(py, "index"))?;
-    let index = if index.is_none() { None } else { Some(index.extract::<i64>()?) };
-    enc.device(dev_type, index)?;
     Ok(())
 }
 
 // ---- the walk ----------------------------------------------------------------------------------
 
 #[inline]
-fn is_type(tp: *mut ffi::PyTypeObject, builtin: *mut ffi::PyTypeObject) -> bool {
+pub(super) fn is_type(tp: *mut ffi::PyTypeObject, builtin: *mut ffi::PyTypeObject) -> bool {
     std::ptr::eq(tp, builtin)
 }
 
@@ -480,7 +315,9 @@ fn walk_tuple(obj: &Bound<'_, PyAny>, enc: &mut Encoder, depth: usize) -> WalkRe
     let len = unsafe { tuple_len(ptr) } as usize;
     enc.tuple_header(len)?;
     for i in 0..len {
+        // SAFETY: i < len of the exact tuple `obj`, which keeps the borrowed item alive.
         let item = unsafe { Borrowed::from_ptr(obj.py(), tuple_item(ptr, i as ffi::Py_ssize_t)) };
+        // SAFETY: `item` is a live object; `Py_TYPE` reads its type pointer.
         let tp = unsafe { ffi::Py_TYPE(item.as_ptr()) };
         let res = match leaf(&item, tp, enc) {
             Leaf::Done => continue,
@@ -501,14 +338,8 @@ fn walk_other(
     depth: usize,
 ) -> WalkResult {
     let py = obj.py();
-    match torch_kind(obj, tp) {
-        Some(TorchKind::Dtype) => {
-            let name = dtype_name(obj)?;
-            enc.dtype(&name)?;
-            return Ok(());
-        }
-        Some(TorchKind::Device) => return encode_device(obj, enc),
-        None => {}
+    if let Some(kind) = torch_kind(obj, tp) {
+        return encode_torch(obj, kind, enc);
     }
     let ty = obj.get_type();
     let adapter = adapter_for(py, tp);
@@ -656,170 +487,4 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(digest_encoding, m)?)?;
     m.add_function(wrap_pyfunction!(_register_key_adapter, m)?)?;
     Ok(())
-}
-
-// ---- structural in-memory hashing --------------------------------------------------------------
-//
-// `jitkey.LruCache` keys are usually small tuples of exact builtins. For those, the warm path does
-// not build the canonical encoding: it hashes the objects directly (CPython's cached str/bytes
-// hash, ints by value, floats by canonical bits, dtypes by identity — torch dtypes are singletons)
-// and compares a probe with the stored key object structurally, identity first. Both are defined
-// so that `structural_eq(a, b)` holds exactly when `encode(a) == encode(b)`: exact types only, bool
-// never equal to int, floats by bits. Trees holding anything else (big ints, devices, `__jitkey__`
-// objects, unsupported types, nesting past MAX_DEPTH) are not structural: `structural_hash` says
-// `None` and the caller keys them by their encoding. The choice depends only on the tree's types
-// and values, so a key always takes the same route.
-
-const K_MUL: u64 = 0x9E37_79B9_7F4A_7C15;
-
-#[inline(always)]
-fn mix(h: u64, x: u64) -> u64 {
-    let r = u128::from(h ^ x) * u128::from(K_MUL);
-    (r as u64) ^ ((r >> 64) as u64)
-}
-
-/// Process seed of the structural hash (random, so request-controlled shapes cannot flood a shard).
-fn structural_seed() -> u64 {
-    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *SEED.get_or_init(|| fast_hash_state().hash(b"jitkey-structural-seed") | 1)
-}
-
-/// The structural hash of a key tree, or `None` when the tree must be keyed by its encoding.
-#[inline]
-pub(crate) fn structural_hash(obj: &Bound<'_, PyAny>) -> Option<u64> {
-    struct_hash(obj, structural_seed(), 0)
-}
-
-fn struct_hash(obj: &Bound<'_, PyAny>, h: u64, depth: usize) -> Option<u64> {
-    // SAFETY: `obj` is live.
-    let tp = unsafe { ffi::Py_TYPE(obj.as_ptr()) };
-    match struct_leaf(obj, tp, h) {
-        StructLeaf::Hash(h) => Some(h),
-        StructLeaf::Tuple => struct_hash_tuple(obj, h, depth),
-        StructLeaf::No => None,
-    }
-}
-
-enum StructLeaf {
-    Hash(u64),
-    Tuple,
-    No,
-}
-
-/// Hashes `obj` if it is a structural scalar; inline in the tuple loop (no recursive call per
-/// item, as in the encoding walk).
-#[inline(always)]
-fn struct_leaf(obj: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject, h: u64) -> StructLeaf {
-    let ptr = obj.as_ptr();
-    // SAFETY: `ptr` is live and of type `tp`; every branch uses C-API calls valid for the exact
-    // type it checked.
-    unsafe {
-        if is_type(tp, addr_of_mut!(ffi::PyUnicode_Type)) {
-            // Cached in the object after the first call; never fails for an exact str.
-            return StructLeaf::Hash(mix(h ^ 6, str_hash(ptr) as u64));
-        }
-        if is_type(tp, addr_of_mut!(ffi::PyLong_Type)) {
-            let mut overflow: c_int = 0;
-            let v = ffi::PyLong_AsLongLongAndOverflow(ptr, &mut overflow);
-            return if overflow == 0 { StructLeaf::Hash(mix(h ^ 3, v as u64)) } else { StructLeaf::No };
-        }
-        if is_type(tp, addr_of_mut!(ffi::PyTuple_Type)) {
-            return StructLeaf::Tuple;
-        }
-        if ptr == ffi::Py_None() {
-            return StructLeaf::Hash(mix(h, 0x100));
-        }
-        if is_type(tp, addr_of_mut!(ffi::PyBool_Type)) {
-            return StructLeaf::Hash(mix(h, if ptr == ffi::Py_True() { 0x102 } else { 0x101 }));
-        }
-        if is_type(tp, addr_of_mut!(ffi::PyFloat_Type)) {
-            let v = ffi::PyFloat_AsDouble(ptr);
-            let bits = if v.is_nan() { jitkey_core::key::CANONICAL_NAN_BITS } else { v.to_bits() };
-            return StructLeaf::Hash(mix(h ^ 5, bits));
-        }
-        if is_type(tp, addr_of_mut!(ffi::PyBytes_Type)) {
-            return StructLeaf::Hash(mix(h ^ 7, ffi::PyObject_Hash(ptr) as u64));
-        }
-    }
-    struct_other(obj, tp, h)
-}
-
-/// torch.dtype objects are singletons: hashed by identity. `torch_kind` (not just the cached
-/// pointer) decides, so a dtype met before any encode still takes this route.
-#[cold]
-fn struct_other(obj: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject, h: u64) -> StructLeaf {
-    match torch_kind(obj, tp) {
-        Some(TorchKind::Dtype) => StructLeaf::Hash(mix(h ^ 9, obj.as_ptr() as u64)),
-        _ => StructLeaf::No,
-    }
-}
-
-fn struct_hash_tuple(obj: &Bound<'_, PyAny>, mut h: u64, depth: usize) -> Option<u64> {
-    if depth >= MAX_DEPTH {
-        return None;
-    }
-    let ptr = obj.as_ptr();
-    // SAFETY: exact tuple; items are borrowed from an immutable tuple we keep alive.
-    let len = unsafe { tuple_len(ptr) };
-    h = mix(h ^ 8, len as u64);
-    for i in 0..len {
-        let item = unsafe { Borrowed::from_ptr(obj.py(), tuple_item(ptr, i)) };
-        let tp = unsafe { ffi::Py_TYPE(item.as_ptr()) };
-        h = match struct_leaf(&item, tp, h) {
-            StructLeaf::Hash(h) => h,
-            StructLeaf::Tuple => struct_hash_tuple(&item, h, depth + 1)?,
-            StructLeaf::No => return None,
-        };
-    }
-    Some(h)
-}
-
-/// Whether two structural key trees (both accepted by [`structural_hash`]) are the same key.
-pub(crate) fn structural_eq(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> bool {
-    let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    if pa == pb {
-        return true;
-    }
-    // SAFETY: both are live; each branch checks both exact types before type-specific calls.
-    unsafe {
-        let tp = ffi::Py_TYPE(pa);
-        if tp != ffi::Py_TYPE(pb) {
-            return false;
-        }
-        if is_type(tp, addr_of_mut!(ffi::PyUnicode_Type)) || is_type(tp, addr_of_mut!(ffi::PyBytes_Type)) {
-            // Exact str/bytes: the builtin comparison runs no user code. An error (impossible
-            // for exact types) counts as "not equal", i.e. a miss.
-            let r = ffi::PyObject_RichCompareBool(pa, pb, ffi::Py_EQ);
-            if r < 0 {
-                let _ = PyErr::take(a.py());
-            }
-            return r == 1;
-        }
-        if is_type(tp, addr_of_mut!(ffi::PyLong_Type)) {
-            let (mut oa, mut ob): (c_int, c_int) = (0, 0);
-            let va = ffi::PyLong_AsLongLongAndOverflow(pa, &mut oa);
-            let vb = ffi::PyLong_AsLongLongAndOverflow(pb, &mut ob);
-            return oa == 0 && ob == 0 && va == vb;
-        }
-        if is_type(tp, addr_of_mut!(ffi::PyTuple_Type)) {
-            let len = tuple_len(pa);
-            if len != tuple_len(pb) {
-                return false;
-            }
-            for i in 0..len {
-                let x = Borrowed::from_ptr(a.py(), tuple_item(pa, i));
-                let y = Borrowed::from_ptr(a.py(), tuple_item(pb, i));
-                if !structural_eq(&x, &y) {
-                    return false;
-                }
-            }
-            return true;
-        }
-        if is_type(tp, addr_of_mut!(ffi::PyFloat_Type)) {
-            let canon = |v: f64| if v.is_nan() { jitkey_core::key::CANONICAL_NAN_BITS } else { v.to_bits() };
-            return canon(ffi::PyFloat_AsDouble(pa)) == canon(ffi::PyFloat_AsDouble(pb));
-        }
-    }
-    // None, bools and dtypes are singletons: equal only when identical (checked above).
-    false
 }
