@@ -376,6 +376,17 @@ pub trait Dims {
     /// # Errors
     /// Whatever reading the dim can fail with.
     fn get(&self, i: usize) -> Result<i64, Self::Error>;
+    /// Calls `f` with every dim in order (a source may iterate faster than it indexes).
+    ///
+    /// # Errors
+    /// The first failed read.
+    #[inline(always)]
+    fn for_each(&self, mut f: impl FnMut(i64)) -> Result<(), Self::Error> {
+        for i in 0..self.len() {
+            f(self.get(i)?);
+        }
+        Ok(())
+    }
 }
 
 impl Dims for &[i64] {
@@ -387,6 +398,11 @@ impl Dims for &[i64] {
     #[inline]
     fn get(&self, i: usize) -> Result<i64, EncodeError> {
         Ok(self[i])
+    }
+    #[inline(always)]
+    fn for_each(&self, f: impl FnMut(i64)) -> Result<(), EncodeError> {
+        self.iter().copied().for_each(f);
+        Ok(())
     }
 }
 
@@ -411,7 +427,7 @@ pub struct TensorMeta<'a, D: Dims = &'a [i64]> {
 }
 
 /// A short name: u8 length, then the bytes.
-#[inline]
+#[inline(always)]
 fn write_short(enc: &mut Encoder, what: &'static str, name: &str) -> Result<(), EncodeError> {
     let n = u8::try_from(name.len()).map_err(|_| EncodeError::BadName { what, name: name.to_owned() })?;
     enc.raw_u8(n);
@@ -429,7 +445,7 @@ fn ndim_u8(n: usize) -> Result<u8, EncodeError> {
 /// # Errors
 /// A name over 255 bytes, more than 255 dims, strides of another rank than the shape, or a failed
 /// read of `m.shape` / `m.strides`; `enc` then holds a partial leaf.
-#[inline]
+#[inline(always)]
 pub fn write_tensor<D: Dims>(
     enc: &mut Encoder,
     rule: &TensorRule,
@@ -445,18 +461,12 @@ pub fn write_tensor<D: Dims>(
     match rule.shape {
         ShapeMode::Ignore => {}
         ShapeMode::Exact => {
-            let n = m.shape.len();
-            enc.raw_u8(ndim_u8(n)?);
-            for i in 0..n {
-                enc.raw(&m.shape.get(i)?.to_le_bytes());
-            }
+            enc.raw_u8(ndim_u8(m.shape.len())?);
+            m.shape.for_each(|d| enc.raw(&d.to_le_bytes()))?;
         }
         ShapeMode::Bucket => {
-            let n = m.shape.len();
-            enc.raw_u8(ndim_u8(n)?);
-            for i in 0..n {
-                enc.raw_u8(bucket_dim(m.shape.get(i)?));
-            }
+            enc.raw_u8(ndim_u8(m.shape.len())?);
+            m.shape.for_each(|d| enc.raw_u8(bucket_dim(d)))?;
         }
     }
     match rule.strides {
@@ -468,9 +478,7 @@ pub fn write_tensor<D: Dims>(
             } else if n != m.shape.len() {
                 return Err(EncodeError::BadLeaf("tensor stride rank differs from its shape").into());
             }
-            for i in 0..n {
-                enc.raw(&m.strides.get(i)?.to_le_bytes());
-            }
+            m.strides.for_each(|d| enc.raw(&d.to_le_bytes()))?;
         }
         StrideMode::Contiguous => enc.raw_u8(u8::from(m.contiguous)),
     }

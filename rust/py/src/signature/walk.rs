@@ -141,7 +141,6 @@ fn long_i128(obj: &Bound<'_, PyAny>) -> Option<i128> {
     None
 }
 
-#[inline]
 fn encode_int(mode: IntMode, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> FResult {
     if mode == IntMode::Type {
         enc.raw_u8(core_sig::tag::INT_TYPE);
@@ -214,7 +213,6 @@ impl Dims for TupleDims<'_> {
     }
 }
 
-#[inline]
 fn encode_tensor(t: &TensorRule, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> FResult {
     match torch::direct(obj) {
         Some(f) => encode_tensor_direct(t, obj, &f, enc),
@@ -227,21 +225,31 @@ fn encode_tensor(t: &TensorRule, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> F
 /// not learnt yet).
 #[inline]
 fn encode_tensor_direct(t: &TensorRule, obj: &Bound<'_, PyAny>, f: &Direct, enc: &mut Encoder) -> FResult {
-    let data_ptr = match (t.align, f.data_ptr()) {
-        (0, _) => 0,
-        (_, Some(p)) => p,
-        (_, None) => data_ptr_attr(obj)?,
+    // Each field is read only when the rule keys it (the storage chase of `data_ptr` and the
+    // device table are not free).
+    let data_ptr = match t.align {
+        0 => 0,
+        _ => match f.data_ptr() {
+            Some(p) => p,
+            None => data_ptr_attr(obj)?,
+        },
     };
-    let (shape, strides) = f.dims();
+    let (shape, strides) = if t.shape != ShapeMode::Ignore || t.strides == StrideMode::Exact {
+        f.dims()
+    } else {
+        (&[][..], &[][..])
+    };
     let contiguous = t.strides == StrideMode::Contiguous && is_contiguous(obj)?;
-    let device = match (t.device, f.device()) {
-        (DeviceMode::Ignore, _) => ("", -1),
-        (_, Some(d)) => d,
-        (_, None) => {
-            let (ty, idx) = device_attr(obj)?;
-            f.learn_device(ty, idx);
-            (ty, idx)
-        }
+    let device = match t.device {
+        DeviceMode::Ignore => ("", -1),
+        _ => match f.device() {
+            Some(d) => d,
+            None => {
+                let (ty, idx) = device_attr(obj)?;
+                f.learn_device(ty, idx);
+                (ty, idx)
+            }
+        },
     };
     let numel = if t.numel_i64 { f.numel() } else { 0 };
     let meta = TensorMeta { dtype: f.dtype, data_ptr, shape, strides, contiguous, device, numel };
@@ -350,7 +358,6 @@ pub(super) fn encode_rule(rule: &Rule, obj: &Bound<'_, PyAny>, enc: &mut Encoder
 }
 
 /// `ptr` is a live float (or float subclass).
-#[inline]
 fn encode_float(value: bool, ptr: *mut ffi::PyObject, enc: &mut Encoder) {
     // SAFETY: PyFloat_Check passed; PyFloat_AsDouble reads the value of a float (subclass)
     // without running Python code.
