@@ -193,6 +193,33 @@ impl<'py> TupleDims<'py> {
     }
 }
 
+impl TupleDims<'_> {
+    /// Dim `i` of the tuple `seq` (`i` below its length).
+    #[inline(always)]
+    fn read(&self, seq: &Bound<'_, PyAny>, i: usize) -> Result<i64, Fail> {
+        // SAFETY: i < n = len of a tuple we hold; the item is borrowed from it.
+        let it = unsafe { ffi::PyTuple_GetItem(seq.as_ptr(), i as ffi::Py_ssize_t) };
+        // SAFETY: it is a live object (a tuple's item).
+        if unsafe { ffi::PyLong_Check(it) } == 0 {
+            return Err(self.non_int());
+        }
+        match long_i64(it) {
+            Some(v) => Ok(v),
+            None => Err(self.out_of_range()),
+        }
+    }
+
+    #[cold]
+    fn non_int(&self) -> Fail {
+        Fail::msg(format!("tensor {} holds a non-int (symbolic sizes are not keyable)", self.what))
+    }
+
+    #[cold]
+    fn out_of_range(&self) -> Fail {
+        Fail::msg(format!("tensor {} out of range", self.what))
+    }
+}
+
 impl Dims for TupleDims<'_> {
     type Error = Fail;
     #[inline]
@@ -201,15 +228,17 @@ impl Dims for TupleDims<'_> {
     }
     #[inline]
     fn get(&self, i: usize) -> Result<i64, Fail> {
-        let seq = self.seq.as_ref().expect("get only below len");
-        // SAFETY: i < n = len of a tuple we hold; the item is borrowed from it.
-        let it = unsafe { ffi::PyTuple_GetItem(seq.as_ptr(), i as ffi::Py_ssize_t) };
-        // SAFETY: it is a live object (a tuple's item).
-        if unsafe { ffi::PyLong_Check(it) } == 0 {
-            let what = self.what;
-            return Err(Fail::msg(format!("tensor {what} holds a non-int (symbolic sizes are not keyable)")));
+        self.read(self.seq.as_ref().expect("get only below len"), i)
+    }
+    /// One pass over the tuple, as the writer asks for every dim in order.
+    #[inline(always)]
+    fn for_each(&self, mut f: impl FnMut(i64)) -> Result<(), Fail> {
+        if let Some(seq) = &self.seq {
+            for i in 0..self.n {
+                f(self.read(seq, i)?);
+            }
         }
-        long_i64(it).ok_or_else(|| Fail::msg(format!("tensor {} out of range", self.what)))
+        Ok(())
     }
 }
 
@@ -257,10 +286,20 @@ fn encode_tensor_direct(t: &TensorRule, obj: &Bound<'_, PyAny>, f: &Direct, enc:
 }
 
 /// Any other tensor: through its Python attributes (interned names, the dtype and device tables).
+/// Never inlined: its two writer instances would grow the frame of the recursive by-type walk,
+/// which every argument pays for; a call is nothing next to its attribute reads.
+#[inline(never)]
 fn encode_tensor_attrs(t: &TensorRule, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> FResult {
     let py = obj.py();
     let dtype = if t.dtype { dtype_name(&obj.getattr(intern!(py, "dtype"))?)? } else { "" };
     let data_ptr = if t.align != 0 { data_ptr_attr(obj)? } else { 0 };
+    if t.shape == ShapeMode::Ignore && t.strides != StrideMode::Exact {
+        // No dims keyed (Triton's rules): the same writer instance as the direct path.
+        let (contiguous, device, numel) = tensor_rest_attrs(t, obj)?;
+        let none: &[i64] = &[];
+        let meta = TensorMeta { dtype, data_ptr, shape: none, strides: none, contiguous, device, numel };
+        return Ok(core_sig::write_tensor(enc, t, &meta)?);
+    }
     let shape = match t.shape {
         ShapeMode::Ignore => TupleDims::NONE,
         _ => TupleDims::new(obj.getattr(intern!(py, "shape"))?, "shape")?,
@@ -269,11 +308,21 @@ fn encode_tensor_attrs(t: &TensorRule, obj: &Bound<'_, PyAny>, enc: &mut Encoder
         StrideMode::Exact => TupleDims::new(obj.call_method0(intern!(py, "stride"))?, "stride")?,
         _ => TupleDims::NONE,
     };
-    let contiguous = t.strides == StrideMode::Contiguous && is_contiguous(obj)?;
-    let device = if t.device == DeviceMode::Ignore { ("", -1) } else { device_attr(obj)? };
-    let numel = if t.numel_i64 { obj.call_method0(intern!(py, "numel"))?.extract()? } else { 0 };
+    let (contiguous, device, numel) = tensor_rest_attrs(t, obj)?;
     let meta = TensorMeta { dtype, data_ptr, shape, strides, contiguous, device, numel };
     core_sig::write_tensor(enc, t, &meta)
+}
+
+/// Contiguity, device and numel through the attribute path, each only when `t` keys it.
+#[inline]
+fn tensor_rest_attrs(
+    t: &TensorRule,
+    obj: &Bound<'_, PyAny>,
+) -> Result<(bool, (&'static str, i64), i64), Fail> {
+    let contiguous = t.strides == StrideMode::Contiguous && is_contiguous(obj)?;
+    let device = if t.device == DeviceMode::Ignore { ("", -1) } else { device_attr(obj)? };
+    let numel = if t.numel_i64 { obj.call_method0(intern!(obj.py(), "numel"))?.extract()? } else { 0 };
+    Ok((contiguous, device, numel))
 }
 
 /// `data_ptr()` through Python.
