@@ -2,8 +2,8 @@
 //!
 //! * `keys`: Python value → canonical encoding (`jitkey.encode`), and the structural hash of
 //!   `jitkey.LruCache` keys.
-//! * `torch`: the only module that knows torch: the tensor type, direct `TensorImpl` reads, and
-//!   the dtype and device tables both key walks share.
+//! * `torch`: the only module that knows torch: the tensor type, direct `TensorImpl` reads, a
+//!   tensor's metadata under a rule, and the dtype and device tables both key walks share.
 //! * `signature`: `jitkey.Signature` (rule compilation, the per-call walk, the class).
 //! * `lru`, `disk`, `launch`: `jitkey.LruCache`, `jitkey.DiskIndex`, the Triton launcher.
 

@@ -136,7 +136,7 @@ impl Signature {
         let layout = crate::torch::layout();
         for (i, (&p, &fast)) in params.iter().zip(&self.dtype_align_only).enumerate() {
             if let (Some(align), Some(l)) = (fast, layout) {
-                if walk::encode_in_process(p, align, tensor_type, l, enc) {
+                if crate::torch::encode_in_process(p, align, tensor_type, l, enc) {
                     continue;
                 }
             }
