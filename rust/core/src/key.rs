@@ -44,7 +44,7 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const DIGEST_DOMAIN: &[u8] = b"jitkey/key/v1\0";
 
 /// Deepest nesting of tuples and `__jitkey__` values accepted; deeper trees are rejected with
-/// [`KeyError::TooDeep`] instead of overflowing the stack.
+/// [`EncodeError::TooDeep`] instead of overflowing the stack.
 pub const MAX_DEPTH: usize = 64;
 
 /// Leaf tags of format v1.
@@ -84,7 +84,7 @@ pub const CANONICAL_NAN_BITS: u64 = 0x7ff8_0000_0000_0000;
 
 /// Why a value could not be encoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeyError {
+pub enum EncodeError {
     /// A str, bytes or tuple longer than its u32 length prefix can say.
     TooLong {
         /// What was too long (`"str"`, `"bytes"`, `"tuple"`).
@@ -106,24 +106,28 @@ pub enum KeyError {
     },
     /// A big-int payload that is empty or fits in i64 (whose one encoding is the i64 form).
     BadBigInt,
+    /// Metadata a signature leaf cannot hold (more than 255 tensor dims, strides of another rank
+    /// than the shape, an int outside Triton's range); the text says which.
+    BadLeaf(&'static str),
 }
 
-impl fmt::Display for KeyError {
+impl fmt::Display for EncodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            KeyError::TooLong { what, len } => {
+            EncodeError::TooLong { what, len } => {
                 write!(f, "{what} of length {len} is longer than a key can hold (2**32 - 1)")
             }
-            KeyError::TooDeep { limit } => {
+            EncodeError::TooDeep { limit } => {
                 write!(f, "key is nested deeper than the limit of {limit} levels")
             }
-            KeyError::BadName { what, name } => write!(f, "invalid {what} name {name:?}"),
-            KeyError::BadBigInt => f.write_str("big int payload is empty or fits in i64"),
+            EncodeError::BadName { what, name } => write!(f, "invalid {what} name {name:?}"),
+            EncodeError::BadBigInt => f.write_str("big int payload is empty or fits in i64"),
+            EncodeError::BadLeaf(why) => f.write_str(why),
         }
     }
 }
 
-impl std::error::Error for KeyError {}
+impl std::error::Error for EncodeError {}
 
 /// Writes the canonical encoding into a reusable buffer.
 ///
@@ -141,8 +145,8 @@ pub struct Encoder {
 }
 
 #[inline]
-fn len_u32(what: &'static str, len: usize) -> Result<u32, KeyError> {
-    u32::try_from(len).map_err(|_| KeyError::TooLong { what, len })
+fn len_u32(what: &'static str, len: usize) -> Result<u32, EncodeError> {
+    u32::try_from(len).map_err(|_| EncodeError::TooLong { what, len })
 }
 
 impl Encoder {
@@ -232,9 +236,9 @@ impl Encoder {
     /// sign-extension bytes are trimmed, so every value has exactly one encoding.
     ///
     /// # Errors
-    /// [`KeyError::BadBigInt`] if the value fits in i64 (that value's only encoding is
+    /// [`EncodeError::BadBigInt`] if the value fits in i64 (that value's only encoding is
     /// [`Encoder::int`]) or no bytes are given.
-    pub fn bigint_le(&mut self, twos_complement_le: &[u8]) -> Result<(), KeyError> {
+    pub fn bigint_le(&mut self, twos_complement_le: &[u8]) -> Result<(), EncodeError> {
         let mut n = twos_complement_le.len();
         while n > 1 {
             let top = twos_complement_le[n - 1];
@@ -246,7 +250,7 @@ impl Encoder {
             }
         }
         if n <= 8 {
-            return Err(KeyError::BadBigInt);
+            return Err(EncodeError::BadBigInt);
         }
         let bytes = &twos_complement_le[..n];
         let len = len_u32("int", n)?;
@@ -279,23 +283,23 @@ impl Encoder {
     /// A str (UTF-8).
     ///
     /// # Errors
-    /// [`KeyError::TooLong`] past 2**32 − 1 bytes.
+    /// [`EncodeError::TooLong`] past 2**32 − 1 bytes.
     #[inline]
-    pub fn str(&mut self, v: &str) -> Result<(), KeyError> {
+    pub fn str(&mut self, v: &str) -> Result<(), EncodeError> {
         self.prefixed(tag::STR, "str", v.as_bytes())
     }
 
     /// A bytes value.
     ///
     /// # Errors
-    /// [`KeyError::TooLong`] past 2**32 − 1 bytes.
+    /// [`EncodeError::TooLong`] past 2**32 − 1 bytes.
     #[inline]
-    pub fn bytes(&mut self, v: &[u8]) -> Result<(), KeyError> {
+    pub fn bytes(&mut self, v: &[u8]) -> Result<(), EncodeError> {
         self.prefixed(tag::BYTES, "bytes", v)
     }
 
     #[inline]
-    fn prefixed(&mut self, t: u8, what: &'static str, v: &[u8]) -> Result<(), KeyError> {
+    fn prefixed(&mut self, t: u8, what: &'static str, v: &[u8]) -> Result<(), EncodeError> {
         let len = len_u32(what, v.len())?;
         let l = len.to_le_bytes();
         self.buf.reserve(5 + v.len());
@@ -307,9 +311,9 @@ impl Encoder {
     /// Starts a tuple of `len` items; the caller then writes exactly `len` items.
     ///
     /// # Errors
-    /// [`KeyError::TooLong`] past 2**32 − 1 items.
+    /// [`EncodeError::TooLong`] past 2**32 − 1 items.
     #[inline]
-    pub fn tuple_header(&mut self, len: usize) -> Result<(), KeyError> {
+    pub fn tuple_header(&mut self, len: usize) -> Result<(), EncodeError> {
         let l = len_u32("tuple", len)?.to_le_bytes();
         self.buf.extend_from_slice(&[tag::TUPLE, l[0], l[1], l[2], l[3]]);
         Ok(())
@@ -318,8 +322,8 @@ impl Encoder {
     /// A dtype by its short name (`float32`, not `torch.float32`).
     ///
     /// # Errors
-    /// [`KeyError::BadName`] unless the name is 1..=255 ASCII bytes.
-    pub fn dtype(&mut self, name: &str) -> Result<(), KeyError> {
+    /// [`EncodeError::BadName`] unless the name is 1..=255 ASCII bytes.
+    pub fn dtype(&mut self, name: &str) -> Result<(), EncodeError> {
         let len = short_name("dtype", name)?;
         self.buf.push(tag::DTYPE);
         self.buf.push(len);
@@ -330,8 +334,8 @@ impl Encoder {
     /// A device: its type (`cuda`, `cpu`, …) and index (`None` when the device has none).
     ///
     /// # Errors
-    /// [`KeyError::BadName`] unless the type is 1..=255 ASCII bytes.
-    pub fn device(&mut self, device_type: &str, index: Option<i64>) -> Result<(), KeyError> {
+    /// [`EncodeError::BadName`] unless the type is 1..=255 ASCII bytes.
+    pub fn device(&mut self, device_type: &str, index: Option<i64>) -> Result<(), EncodeError> {
         let len = short_name("device", device_type)?;
         self.buf.push(tag::DEVICE);
         self.buf.push(len);
@@ -344,12 +348,12 @@ impl Encoder {
     /// writes exactly one value, the object's key.
     ///
     /// # Errors
-    /// [`KeyError::BadName`] if the name is empty or longer than 65535 bytes.
-    pub fn object_header(&mut self, type_name: &str) -> Result<(), KeyError> {
+    /// [`EncodeError::BadName`] if the name is empty or longer than 65535 bytes.
+    pub fn object_header(&mut self, type_name: &str) -> Result<(), EncodeError> {
         let len = u16::try_from(type_name.len())
             .ok()
             .filter(|&n| n > 0)
-            .ok_or_else(|| KeyError::BadName { what: "type", name: type_name.to_owned() })?;
+            .ok_or_else(|| EncodeError::BadName { what: "type", name: type_name.to_owned() })?;
         self.buf.push(tag::OBJECT);
         self.buf.extend_from_slice(&len.to_le_bytes());
         self.buf.extend_from_slice(type_name.as_bytes());
@@ -363,11 +367,11 @@ impl Encoder {
     }
 }
 
-fn short_name(what: &'static str, name: &str) -> Result<u8, KeyError> {
+fn short_name(what: &'static str, name: &str) -> Result<u8, EncodeError> {
     u8::try_from(name.len())
         .ok()
         .filter(|&n| n > 0 && name.is_ascii())
-        .ok_or_else(|| KeyError::BadName { what, name: name.to_owned() })
+        .ok_or_else(|| EncodeError::BadName { what, name: name.to_owned() })
 }
 
 /// blake2b-256 of [`DIGEST_DOMAIN`] followed by `encoding`: the persistent, cross-process key.
@@ -442,14 +446,14 @@ impl Value {
     /// Writes this tree's canonical encoding.
     ///
     /// # Errors
-    /// Any [`KeyError`] the leaves raise, or [`KeyError::TooDeep`].
-    pub fn encode_into(&self, e: &mut Encoder) -> Result<(), KeyError> {
+    /// Any [`EncodeError`] the leaves raise, or [`EncodeError::TooDeep`].
+    pub fn encode_into(&self, e: &mut Encoder) -> Result<(), EncodeError> {
         self.encode_depth(e, 0)
     }
 
-    fn encode_depth(&self, e: &mut Encoder, depth: usize) -> Result<(), KeyError> {
+    fn encode_depth(&self, e: &mut Encoder, depth: usize) -> Result<(), EncodeError> {
         if depth > MAX_DEPTH {
-            return Err(KeyError::TooDeep { limit: MAX_DEPTH });
+            return Err(EncodeError::TooDeep { limit: MAX_DEPTH });
         }
         match self {
             Value::None => e.none(),
@@ -490,7 +494,7 @@ impl Value {
     ///
     /// # Errors
     /// As [`Value::encode_into`].
-    pub fn encode(&self) -> Result<Vec<u8>, KeyError> {
+    pub fn encode(&self) -> Result<Vec<u8>, EncodeError> {
         let mut e = Encoder::new();
         self.encode_into(&mut e)?;
         Ok(e.into_vec())
@@ -566,9 +570,9 @@ mod tests {
                 assert_eq!(i128::from_le_bytes(full), v);
             }
         }
-        assert_eq!(Encoder::new().bigint_le(&[0; 9]), Err(KeyError::BadBigInt));
-        assert_eq!(Encoder::new().bigint_le(&[1; 8]), Err(KeyError::BadBigInt));
-        assert_eq!(Encoder::new().bigint_le(&[]), Err(KeyError::BadBigInt));
+        assert_eq!(Encoder::new().bigint_le(&[0; 9]), Err(EncodeError::BadBigInt));
+        assert_eq!(Encoder::new().bigint_le(&[1; 8]), Err(EncodeError::BadBigInt));
+        assert_eq!(Encoder::new().bigint_le(&[]), Err(EncodeError::BadBigInt));
         // Non-minimal input is trimmed to the one canonical form.
         let mut a = Encoder::new();
         a.bigint_le(&[0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0]).unwrap();
@@ -595,7 +599,7 @@ mod tests {
         }
         assert!(v.encode().is_ok());
         let v = Value::Tuple(vec![v]);
-        assert_eq!(v.encode(), Err(KeyError::TooDeep { limit: MAX_DEPTH }));
+        assert_eq!(v.encode(), Err(EncodeError::TooDeep { limit: MAX_DEPTH }));
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //!   per-process seeded fast hash used by in-memory tables.
 //! * [`disk`]: the mmap'd, append-only, crash-safe key index shared by processes (unix).
 //! * [`lru`]: the bounded concurrent cache (key encoding → value) behind `jitkey.LruCache`.
-//! * [`signature`]: signature plans (per-parameter rules), their leaves and a decoder for them.
+//! * [`signature`]: signature plans (per-parameter rules), the writers of their leaves and a decoder
+//!   for them.
 
 #[cfg(unix)]
 pub mod disk;
@@ -15,4 +16,4 @@ pub mod key;
 pub mod lru;
 pub mod signature;
 
-pub use key::{digest, Encoder, FastHashState, KeyError, Value};
+pub use key::{digest, EncodeError, Encoder, FastHashState, Value};

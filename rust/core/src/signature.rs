@@ -1,6 +1,7 @@
-//! Signature plans: per-parameter rules, the signature header, the signature leaves (tags
-//! `0x10..=0x3F`) and a decoder that turns a signature encoding back into named components
-//! (what `Signature.flatten` / `Signature.explain` show).
+//! Signature plans: per-parameter rules, the signature header, the writers of the signature
+//! leaves (tags `0x10..=0x3F`, from borrowed metadata such as [`TensorMeta`]) and a decoder that
+//! turns a signature encoding back into named components (what `Signature.flatten` /
+//! `Signature.explain` show). The binding only reads Python objects and calls the writers.
 //!
 //! # Encoding of a call under a signature
 //!
@@ -28,7 +29,7 @@
 //!
 //! Rules keyed by value (int value, float value, bool, None, constexpr, any) write plain v1 leaves.
 
-use crate::key::{tag as vtag, Encoder, KeyError, Value};
+use crate::key::{tag as vtag, EncodeError, Encoder, Value};
 
 /// Signature leaf tags (all inside the range `key::tag::SIGNATURE_FIRST..=SIGNATURE_LAST`).
 pub mod tag {
@@ -288,17 +289,17 @@ impl ByType {
 /// (a complete v1 encoding).
 ///
 /// # Errors
-/// [`KeyError::TooLong`] if the plan description exceeds 2**32 − 1 bytes.
-pub fn header(rules: &[Rule], extra_encoding: &[u8]) -> Result<Vec<u8>, KeyError> {
+/// [`EncodeError::TooLong`] if the plan description exceeds 2**32 − 1 bytes.
+pub fn header(rules: &[Rule], extra_encoding: &[u8]) -> Result<Vec<u8>, EncodeError> {
     let mut plan = vec![PLAN_VERSION];
-    let n =
-        u32::try_from(rules.len()).map_err(|_| KeyError::TooLong { what: "signature", len: rules.len() })?;
+    let n = u32::try_from(rules.len())
+        .map_err(|_| EncodeError::TooLong { what: "signature", len: rules.len() })?;
     plan.extend_from_slice(&n.to_le_bytes());
     for r in rules {
         r.describe(&mut plan);
     }
     let len =
-        u32::try_from(plan.len()).map_err(|_| KeyError::TooLong { what: "signature", len: plan.len() })?;
+        u32::try_from(plan.len()).map_err(|_| EncodeError::TooLong { what: "signature", len: plan.len() })?;
     let mut out = Vec::with_capacity(5 + plan.len() + extra_encoding.len());
     out.push(tag::HEADER);
     out.extend_from_slice(&len.to_le_bytes());
@@ -349,6 +350,230 @@ pub fn write_triton_int(enc: &mut Encoder, bucket: u8) {
 #[must_use]
 pub fn bucket_dim(size: i64) -> u8 {
     size.clamp(0, 2) as u8
+}
+
+// ---- leaf writers ------------------------------------------------------------------------------
+//
+// The binding reads Python objects and hands what it read to these writers, borrowed: every leaf's
+// byte layout lives here, next to its decoder, and nothing is copied or allocated per call.
+
+/// Why an int cannot be keyed under [`IntMode::Triton`].
+pub const TRITON_RANGE_ERROR: &str = "int outside Triton's range [-2**63, 2**64) (Triton cannot pass it)";
+
+/// A tensor's sizes or strides, read as the writer goes (no copy): a slice for metadata already in
+/// memory, or the binding's view of a Python tuple, whose reads may fail (`Error`).
+pub trait Dims {
+    /// What a failed read gives (and what the writer's own errors convert into).
+    type Error: From<EncodeError>;
+    /// The number of dims.
+    fn len(&self) -> usize;
+    /// Whether there are no dims (a 0-dim tensor).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Dim `i` (`i < len()`).
+    ///
+    /// # Errors
+    /// Whatever reading the dim can fail with.
+    fn get(&self, i: usize) -> Result<i64, Self::Error>;
+    /// Calls `f` with every dim in order (a source may iterate faster than it indexes).
+    ///
+    /// # Errors
+    /// The first failed read.
+    #[inline(always)]
+    fn for_each(&self, mut f: impl FnMut(i64)) -> Result<(), Self::Error> {
+        for i in 0..self.len() {
+            f(self.get(i)?);
+        }
+        Ok(())
+    }
+}
+
+impl Dims for &[i64] {
+    type Error = EncodeError;
+    #[inline]
+    fn len(&self) -> usize {
+        <[i64]>::len(self)
+    }
+    #[inline]
+    fn get(&self, i: usize) -> Result<i64, EncodeError> {
+        Ok(self[i])
+    }
+    #[inline(always)]
+    fn for_each(&self, f: impl FnMut(i64)) -> Result<(), EncodeError> {
+        self.iter().copied().for_each(f);
+        Ok(())
+    }
+}
+
+/// The metadata of one tensor, borrowed from wherever the caller read it. Only the fields its
+/// [`TensorRule`] keys are read by [`write_tensor`]; the others may hold anything (empty dims, 0).
+#[derive(Debug, Clone, Copy)]
+pub struct TensorMeta<'a, D: Dims = &'a [i64]> {
+    /// The dtype's short name (`float16`), at most 255 bytes.
+    pub dtype: &'a str,
+    /// `data_ptr()` (only its alignment is keyed).
+    pub data_ptr: u64,
+    /// Sizes.
+    pub shape: D,
+    /// Strides (same rank as `shape` when both are keyed).
+    pub strides: D,
+    /// `is_contiguous()`.
+    pub contiguous: bool,
+    /// Device type (at most 255 bytes) and index (−1 when it has none).
+    pub device: (&'a str, i64),
+    /// `numel()`.
+    pub numel: i64,
+}
+
+/// A short name: u8 length, then the bytes.
+#[inline(always)]
+fn write_short(enc: &mut Encoder, what: &'static str, name: &str) -> Result<(), EncodeError> {
+    let n = u8::try_from(name.len()).map_err(|_| EncodeError::BadName { what, name: name.to_owned() })?;
+    enc.raw_u8(n);
+    enc.raw(name.as_bytes());
+    Ok(())
+}
+
+#[inline]
+fn ndim_u8(n: usize) -> Result<u8, EncodeError> {
+    u8::try_from(n).map_err(|_| EncodeError::BadLeaf("tensor has more than 255 dims"))
+}
+
+/// Writes a tensor leaf (tag [`tag::TENSOR`], then the fields `rule` keys, as in the module table).
+///
+/// # Errors
+/// A name over 255 bytes, more than 255 dims, strides of another rank than the shape, or a failed
+/// read of `m.shape` / `m.strides`; `enc` then holds a partial leaf.
+#[inline(always)]
+pub fn write_tensor<D: Dims>(
+    enc: &mut Encoder,
+    rule: &TensorRule,
+    m: &TensorMeta<'_, D>,
+) -> Result<(), D::Error> {
+    enc.raw_u8(tag::TENSOR);
+    if rule.dtype {
+        write_short(enc, "dtype", m.dtype)?;
+    }
+    if rule.align != 0 {
+        enc.raw_u8(u8::from(m.data_ptr & u64::from(rule.align - 1) == 0));
+    }
+    match rule.shape {
+        ShapeMode::Ignore => {}
+        ShapeMode::Exact => {
+            enc.raw_u8(ndim_u8(m.shape.len())?);
+            m.shape.for_each(|d| enc.raw(&d.to_le_bytes()))?;
+        }
+        ShapeMode::Bucket => {
+            enc.raw_u8(ndim_u8(m.shape.len())?);
+            m.shape.for_each(|d| enc.raw_u8(bucket_dim(d)))?;
+        }
+    }
+    match rule.strides {
+        StrideMode::Ignore => {}
+        StrideMode::Exact => {
+            let n = m.strides.len();
+            if rule.shape == ShapeMode::Ignore {
+                enc.raw_u8(ndim_u8(n)?);
+            } else if n != m.shape.len() {
+                return Err(EncodeError::BadLeaf("tensor stride rank differs from its shape").into());
+            }
+            m.strides.for_each(|d| enc.raw(&d.to_le_bytes()))?;
+        }
+        StrideMode::Contiguous => enc.raw_u8(u8::from(m.contiguous)),
+    }
+    if rule.device != DeviceMode::Ignore {
+        write_short(enc, "device", m.device.0)?;
+        if rule.device == DeviceMode::TypeIndex {
+            enc.raw(&m.device.1.to_le_bytes());
+        }
+    }
+    if rule.numel_i64 {
+        enc.raw_u8(u8::from(m.numel > i64::from(i32::MAX)));
+    }
+    Ok(())
+}
+
+/// Writes the process-local tensor leaf ([`tag::TENSOR_IN_PROCESS`]): the dtype's in-process
+/// index and whether the data pointer is aligned. Only for keys that never leave the process.
+#[inline]
+pub fn write_tensor_in_process(enc: &mut Encoder, dtype_index: u16, aligned: bool) {
+    let [lo, hi] = dtype_index.to_le_bytes();
+    enc.raw(&[tag::TENSOR_IN_PROCESS, lo, hi, u8::from(aligned)]);
+}
+
+/// Writes an int leaf under `mode` (a v1 int for [`IntMode::Value`]).
+///
+/// # Errors
+/// [`EncodeError::BadLeaf`] for an int Triton cannot pass under [`IntMode::Triton`].
+#[inline]
+pub fn write_int(enc: &mut Encoder, mode: IntMode, v: i128) -> Result<(), EncodeError> {
+    match mode {
+        IntMode::Value => enc.int128(v),
+        IntMode::Type => enc.raw_u8(tag::INT_TYPE),
+        IntMode::Triton { specialize, align } => {
+            let b =
+                triton_int_bucket(v, specialize, align).ok_or(EncodeError::BadLeaf(TRITON_RANGE_ERROR))?;
+            write_triton_int(enc, b);
+        }
+    }
+    Ok(())
+}
+
+/// Writes a float leaf: its v1 encoding when `value` is keyed, else the type-only tag.
+#[inline]
+pub fn write_float(enc: &mut Encoder, value: bool, v: f64) {
+    if value {
+        enc.float(v);
+    } else {
+        enc.raw_u8(tag::FLOAT_TYPE);
+    }
+}
+
+/// Writes a bool leaf: its v1 encoding when `value` is keyed, else the type-only tag.
+#[inline]
+pub fn write_bool(enc: &mut Encoder, value: bool, v: bool) {
+    if value {
+        enc.bool(v);
+    } else {
+        enc.raw_u8(tag::BOOL_TYPE);
+    }
+}
+
+/// Starts a tuple (`list == false`: the v1 tuple tag) or list ([`tag::LIST`]) of `len` items under
+/// a by-type rule; the caller then writes exactly `len` items.
+///
+/// # Errors
+/// [`EncodeError::TooLong`] past 2**32 − 1 items.
+#[inline]
+pub fn write_sequence_header(enc: &mut Encoder, list: bool, len: usize) -> Result<(), EncodeError> {
+    let n = u32::try_from(len).map_err(|_| EncodeError::TooLong { what: "sequence", len })?;
+    enc.raw_u8(if list { tag::LIST } else { vtag::TUPLE });
+    enc.raw(&n.to_le_bytes());
+    Ok(())
+}
+
+/// Starts a tuple subclass ([`tag::NAMEDTUPLE`]): the v1 encoding of `(type_name, fields)` (a str
+/// and a tuple of strs), then `len` as for a tuple; the caller then writes exactly `len` items.
+///
+/// # Errors
+/// A str or tuple too long for a key, or the first failed read of `fields`.
+pub fn write_namedtuple_header<'f, E: From<EncodeError>>(
+    enc: &mut Encoder,
+    type_name: &str,
+    fields: impl ExactSizeIterator<Item = Result<&'f str, E>>,
+    len: usize,
+) -> Result<(), E> {
+    enc.raw_u8(tag::NAMEDTUPLE);
+    enc.tuple_header(2)?;
+    enc.str(type_name)?;
+    enc.tuple_header(fields.len())?;
+    for f in fields {
+        enc.str(f?)?;
+    }
+    let n = u32::try_from(len).map_err(|_| EncodeError::TooLong { what: "sequence", len })?;
+    enc.raw(&n.to_le_bytes());
+    Ok(())
 }
 
 // ---- decoding (flatten / explain) --------------------------------------------------------------

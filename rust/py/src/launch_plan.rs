@@ -31,7 +31,7 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 
 use crate::cuda::{self, DriverError, Launch, CUDA_ERROR_INVALID_VALUE};
 use crate::keys::tuple_item;
-use crate::signature::cuda_data_ptr;
+use crate::torch::cuda_data_ptr;
 
 /// One scalar kernel parameter, by how it is packed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,4 +1,11 @@
 //! jitkey._core: the PyO3 binding of jitkey-core. Wiring only; each concept has its own module.
+//!
+//! * `keys`: Python value → canonical encoding (`jitkey.encode`), and the structural hash of
+//!   `jitkey.LruCache` keys.
+//! * `torch`: the only module that knows torch: the tensor type, direct `TensorImpl` reads, a
+//!   tensor's metadata under a rule, and the dtype and device tables both key walks share.
+//! * `signature`: `jitkey.Signature` (rule compilation, the per-call walk, the class).
+//! * `lru`, `disk`, `launch`: `jitkey.LruCache`, `jitkey.DiskIndex`, the Triton launcher.
 
 use pyo3::prelude::*;
 
@@ -11,6 +18,7 @@ mod launch;
 mod launch_plan;
 mod lru;
 mod signature;
+mod torch;
 
 #[pymodule(gil_used = false)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -22,6 +30,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     lru::register(m)?;
     #[cfg(unix)]
     disk::register(m)?;
+    torch::register(m)?;
     signature::register(m)?;
     launch::register(m)?;
     launch_plan::register(m)?;
