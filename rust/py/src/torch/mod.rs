@@ -25,8 +25,8 @@ use pyo3::intern;
 use pyo3::prelude::*;
 
 pub(crate) use tensor::{encode_in_process, encode_tensor};
-pub(crate) use tensor_impl::{cuda_data_ptr, layout};
 use tensor_impl::{_install_tensor_layout, _tensor_layout_installed};
+pub(crate) use tensor_impl::{cuda_data_ptr, layout};
 
 /// Why a dtype or device could not be named: a message, or the Python error raised reading it.
 pub(crate) enum TorchError {
