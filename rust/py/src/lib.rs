@@ -15,7 +15,6 @@ mod disk;
 mod errors;
 mod keys;
 mod launch;
-mod launch_plan;
 mod lru;
 mod signature;
 mod torch;
@@ -33,6 +32,5 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     torch::register(m)?;
     signature::register(m)?;
     launch::register(m)?;
-    launch_plan::register(m)?;
     Ok(())
 }

@@ -9,8 +9,17 @@
 //! Everything that is not a plain hit goes back to Python: a miss to `miss(grid, args, kwargs)`
 //! (Triton runs the call and returns `(result, entry or None)`; the entry is stored under the key
 //! computed here), and anything this path does not handle to `fallback(reason, grid, args,
-//! kwargs)` (Triton's own path, counted). The Python side (`jitkey/triton.py`) owns the policy:
-//! what is safe, what is counted, what an entry holds.
+//! kwargs)` (Triton's own path, counted). The Python side (`jitkey/triton/_kernel.py`) owns the
+//! policy: what is safe, what is counted, what an entry holds.
+//!
+//! Modules: `entry` (what a hit launches: `_TritonEntry`), `plan` and `pack` (jitkey's own launch of
+//! a compiled kernel: `_LaunchPlan`), `vectorcall` (the C entry points `kernel[grid](...)` and
+//! `launch(grid, ...)`, and `_KernelBase`). This file is the launcher itself: bind, key, probe, hit.
+
+mod entry;
+mod pack;
+mod plan;
+mod vectorcall;
 
 use std::ptr::null_mut;
 
@@ -25,98 +34,11 @@ use jitkey_core::key::Encoder;
 
 use crate::errors::ArgumentError;
 use crate::keys::{encode_into, fast_hash_state, tuple_fill, tuple_item, with_encoder};
-use crate::launch_plan::{LaunchPlan, Slots};
 use crate::lru::PyLruCache;
 use crate::signature::Signature;
-
-/// What a hit launches: `target(gx, gy, gz, stream, function, *mid, metadata, enter, exit,
-/// *params)`, then returns `ck`. `target` is `ck.run` (then `mid` is `(packed_metadata,)`), or
-/// the launcher's own C `launch` when the Python side proved `ck.run` would only forward to it.
-/// The most `mid` arguments an entry takes (the known launchers insert 1 or 5).
-const MAX_MID: usize = 8;
-
-#[pyclass(name = "_TritonEntry", module = "jitkey._core", frozen)]
-pub(crate) struct Entry {
-    ck: Py<PyAny>,
-    target: Py<PyAny>,
-    function: Py<PyAny>,
-    mid: Vec<Py<PyAny>>,
-    /// Where Triton keeps `ck`: its per-device kernel cache (a dict) and the key in it. A hit is
-    /// valid only while `kernel.device_caches[device][0][tkey] is ck`, so whatever drops or
-    /// replaces Triton's entry (`device_caches.clear()`, a test, a source change handled by the
-    /// caller) drops jitkey's too. `None`: not checked.
-    kcache: Option<Py<PyAny>>,
-    tkey: Option<Py<PyAny>>,
-    /// The kernel's launch as jitkey packs it itself (`None`: every hit calls `target`).
-    plan: Option<Py<LaunchPlan>>,
-}
-
-#[pymethods]
-impl Entry {
-    #[new]
-    #[pyo3(signature = (ck, target, function, mid, kcache = None, tkey = None, plan = None, /))]
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        ck: Py<PyAny>,
-        target: Py<PyAny>,
-        function: Py<PyAny>,
-        mid: &Bound<'_, PyTuple>,
-        kcache: Option<Py<PyAny>>,
-        tkey: Option<Py<PyAny>>,
-        plan: Option<Py<LaunchPlan>>,
-    ) -> PyResult<Self> {
-        if mid.len() > MAX_MID {
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "_TritonEntry: at most {MAX_MID} arguments between function and the launch metadata"
-            )));
-        }
-        Ok(Self { ck, target, function, mid: mid.iter().map(Bound::unbind).collect(), kcache, tkey, plan })
-    }
-
-    #[getter]
-    fn ck(&self, py: Python<'_>) -> Py<PyAny> {
-        self.ck.clone_ref(py)
-    }
-
-    #[getter]
-    fn target(&self, py: Python<'_>) -> Py<PyAny> {
-        self.target.clone_ref(py)
-    }
-
-    #[getter]
-    fn function(&self, py: Python<'_>) -> Py<PyAny> {
-        self.function.clone_ref(py)
-    }
-
-    #[getter]
-    fn plan(&self, py: Python<'_>) -> Option<Py<LaunchPlan>> {
-        self.plan.as_ref().map(|p| p.clone_ref(py))
-    }
-
-    #[getter]
-    fn mid<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
-        PyTuple::new(py, self.mid.iter().map(|m| m.bind(py)))
-    }
-
-    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.ck)?;
-        visit.call(&self.target)?;
-        visit.call(&self.function)?;
-        for m in &self.mid {
-            visit.call(m)?;
-        }
-        if let Some(k) = &self.kcache {
-            visit.call(k)?;
-        }
-        if let Some(k) = &self.tkey {
-            visit.call(k)?;
-        }
-        if let Some(p) = &self.plan {
-            visit.call(p)?;
-        }
-        Ok(())
-    }
-}
+use entry::{Entry, MAX_MID};
+use pack::Slots;
+use vectorcall::{launch_def, KernelBase};
 
 /// Parameters bound for one call: borrowed pointers into the call's args tuple, its kwargs dict
 /// and the signature's defaults, all of which outlive the call.
@@ -554,7 +476,7 @@ impl Launcher {
 
 /// One launch's arguments: the grid, the positional arguments, then one value per name in
 /// `kwnames` (a tuple of str, or null).
-struct Call<'a> {
+pub(super) struct Call<'a> {
     grid: *mut ffi::PyObject,
     pos: &'a [*mut ffi::PyObject],
     kw_values: &'a [*mut ffi::PyObject],
@@ -581,201 +503,8 @@ impl Call<'_> {
     }
 }
 
-struct Def(*mut ffi::PyMethodDef);
-// SAFETY: a definition is written once, then only read (by CPython).
-unsafe impl Send for Def {}
-// SAFETY: as for Send: never written after it is made.
-unsafe impl Sync for Def {}
-
-fn method_def(
-    name: &'static std::ffi::CStr,
-    f: ffi::PyCFunctionFastWithKeywords,
-    doc: &'static std::ffi::CStr,
-) -> Def {
-    Def(Box::into_raw(Box::new(ffi::PyMethodDef {
-        ml_name: name.as_ptr(),
-        ml_meth: ffi::PyMethodDefPointer { PyCFunctionFastWithKeywords: f },
-        ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
-        ml_doc: doc.as_ptr(),
-    })))
-}
-
-/// `launch(grid, /, *args, **kwargs)`, bound to a launcher.
-fn launch_def() -> *mut ffi::PyMethodDef {
-    static DEF: std::sync::OnceLock<Def> = std::sync::OnceLock::new();
-    DEF.get_or_init(|| {
-        method_def(
-            c"launch",
-            launch_fastcall,
-            c"launch(grid, /, *args, **kwargs): kernel[grid](*args, **kwargs)",
-        )
-    })
-    .0
-}
-
-/// `kernel[grid]`: `(*args, **kwargs)`, bound to a `(launcher, grid)` tuple.
-fn bound_def() -> *mut ffi::PyMethodDef {
-    static DEF: std::sync::OnceLock<Def> = std::sync::OnceLock::new();
-    DEF.get_or_init(|| {
-        method_def(c"launch", bound_fastcall, c"kernel[grid](*args, **kwargs) (jitkey.triton)")
-    })
-    .0
-}
-
-/// Runs `f` as the body of a C function: panics become `PanicException`, errors are restored.
-fn c_body(py: Python<'_>, f: impl FnOnce() -> PyResult<*mut ffi::PyObject>) -> *mut ffi::PyObject {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(Ok(v)) => v,
-        Ok(Err(e)) => {
-            e.restore(py);
-            null_mut()
-        }
-        Err(_) => {
-            pyo3::panic::PanicException::new_err("jitkey.triton launcher panicked").restore(py);
-            null_mut()
-        }
-    }
-}
-
-fn kw_count(kwnames: *mut ffi::PyObject) -> usize {
-    if kwnames.is_null() {
-        0
-    } else {
-        // SAFETY: a non-null kwnames is a tuple (vectorcall protocol).
-        (unsafe { ffi::PyTuple_Size(kwnames) }) as usize
-    }
-}
-
-/// The body shared by the two METH_FASTCALL entry points. `pick(slf, all, nargs)` names the
-/// launcher, the grid and where the positional arguments start in `all` (positional arguments,
-/// then one value per name in `kwnames`).
-///
-/// # Safety
-/// Called by CPython for a METH_FASTCALL function, attached to the interpreter, with `nargs` (flag
-/// bits stripped) + len(kwnames) live argument pointers; `pick` returns a launcher object.
-unsafe fn fastcall(
-    slf: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
-    nargs: ffi::Py_ssize_t,
-    kwnames: *mut ffi::PyObject,
-    pick: impl FnOnce(
-        *mut ffi::PyObject,
-        &[*mut ffi::PyObject],
-        usize,
-    ) -> PyResult<(*mut ffi::PyObject, *mut ffi::PyObject, usize)>,
-) -> *mut ffi::PyObject {
-    // SAFETY: see the contract.
-    let py = unsafe { Python::assume_attached() };
-    c_body(py, || {
-        let nargs = nargs as usize;
-        let n = nargs + kw_count(kwnames);
-        let all: &[*mut ffi::PyObject] = if n == 0 {
-            &[]
-        } else {
-            // SAFETY: `args` holds nargs + len(kwnames) live pointers (the function's contract).
-            unsafe { std::slice::from_raw_parts(args, n) }
-        };
-        let (launcher, grid, first) = pick(slf, all, nargs)?;
-        // SAFETY: `pick` returns a live launcher object.
-        let launcher = unsafe { Borrowed::from_ptr(py, launcher).cast_unchecked::<Launcher>() };
-        let call = Call { grid, pos: &all[first..nargs], kw_values: &all[nargs..], kwnames };
-        launcher.get().run(py, &call).map(Bound::into_ptr)
-    })
-}
-
-/// `launch(grid, /, *args, **kwargs)`: `slf` is the launcher, `args[0]` the grid.
-unsafe extern "C" fn launch_fastcall(
-    slf: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
-    nargs: ffi::Py_ssize_t,
-    kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    // SAFETY: CPython calls it as a METH_FASTCALL function made by `Launcher::launch`.
-    unsafe {
-        fastcall(slf, args, nargs, kwnames, |slf, all, nargs| match nargs {
-            0 => Err(PyTypeError::new_err("launch() missing the grid argument")),
-            _ => Ok((slf, all[0], 1)),
-        })
-    }
-}
-
-/// `kernel[grid](*args, **kwargs)`: `slf` is the `(launcher, grid)` tuple `__getitem__` made.
-unsafe extern "C" fn bound_fastcall(
-    slf: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
-    nargs: ffi::Py_ssize_t,
-    kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    // SAFETY: CPython calls it as a METH_FASTCALL function made by `KernelBase::__getitem__`,
-    // whose self is an exact 2-tuple.
-    unsafe {
-        fastcall(slf, args, nargs, kwnames, |slf, _, _| Ok((tuple_item(slf, 0), tuple_item(slf, 1), 0)))
-    }
-}
-
-/// Base class of `jitkey.triton.TritonKernel`: `kernel[grid]` in C once a native launcher is set
-/// (`_set_launcher`), else the subclass's Python `_subscript(grid)`.
-#[pyclass(name = "_KernelBase", module = "jitkey._core", subclass, frozen)]
-pub(crate) struct KernelBase {
-    launcher: std::sync::RwLock<Option<Py<Launcher>>>,
-}
-
-#[pymethods]
-impl KernelBase {
-    #[new]
-    #[pyo3(signature = (*_args, **_kwargs))]
-    fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
-        Self { launcher: std::sync::RwLock::new(None) }
-    }
-
-    /// Routes `self[grid]` to `launcher` (or back to `_subscript` with `None`).
-    #[pyo3(signature = (launcher, /))]
-    fn _set_launcher(&self, launcher: Option<Py<Launcher>>) {
-        *self.launcher.write().unwrap_or_else(std::sync::PoisonError::into_inner) = launcher;
-    }
-
-    fn __getitem__<'py>(slf: &Bound<'py, Self>, grid: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let py = slf.py();
-        let launcher = slf
-            .get()
-            .launcher
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .as_ref()
-            .map(|l| l.clone_ref(py));
-        match launcher {
-            Some(l) => {
-                let bound = PyTuple::new(py, [l.into_any().into_bound(py), grid.clone()])?;
-                // SAFETY: a static method definition; the function object holds the tuple.
-                unsafe {
-                    Bound::from_owned_ptr_or_err(
-                        py,
-                        ffi::PyCFunction_NewEx(bound_def(), bound.as_ptr(), null_mut()),
-                    )
-                }
-            }
-            None => slf.call_method1(intern!(py, "_subscript"), (grid,)),
-        }
-    }
-
-    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        if let Ok(l) = self.launcher.try_read() {
-            if let Some(l) = l.as_ref() {
-                visit.call(l)?;
-            }
-        }
-        Ok(())
-    }
-
-    fn __clear__(&self) {
-        if let Ok(mut l) = self.launcher.try_write() {
-            *l = None;
-        }
-    }
-}
-
 impl Launcher {
-    fn run<'py>(&self, py: Python<'py>, call: &Call<'_>) -> PyResult<Bound<'py, PyAny>> {
+    pub(super) fn run<'py>(&self, py: Python<'py>, call: &Call<'_>) -> PyResult<Bound<'py, PyAny>> {
         let kfn = self.kernel_fn.bind(py);
         if kfn.getattr(intern!(py, "pre_run_hooks"))?.is_truthy()? {
             let why = Leave::Fallback(intern!(py, "pre_run_hooks").clone().into_any().unbind());
@@ -846,5 +575,5 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Entry>()?;
     m.add_class::<Launcher>()?;
     m.add_class::<KernelBase>()?;
-    Ok(())
+    plan::register(m)
 }

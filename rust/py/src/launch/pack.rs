@@ -1,0 +1,332 @@
+//! Packing one call's parameters as Triton 3.6's generated launcher packs them, or declining it.
+//!
+//! The plan only launches what it fully understands; everything else is *declined* before any side
+//! effect, counted by reason, and the caller hands the call to Triton's launcher, which then packs,
+//! checks and raises exactly as it always does. Understood means:
+//! - pointers: `None` (null), an int in `[0, 2**64)` (passed as is, as Triton passes it), or a plain
+//!   CUDA tensor on the current device, whose data pointer is read from its `TensorImpl`: valid by
+//!   construction, so no `cuPointerGetAttribute` per pointer. Host memory, another device, tensor
+//!   subclasses and `data_ptr()` objects are declined (Triton's launcher checks them).
+//! - integers: ints (bools included) inside the type's range. Out-of-range values are declined:
+//!   Triton raises for some and truncates others, and jitkey does not guess which.
+//! - floats: floats, and ints that fit in 64 bits (converted as `float(x)` converts them). fp16 is
+//!   packed as `PyFloat_Pack2` packs it; NaN, infinities and fp16 overflow are declined.
+//! - constexpr and specialized-away arguments: skipped, as Triton skips them; tuples: flattened.
+
+use std::ffi::c_int;
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyString, PyTuple};
+
+use crate::keys::tuple_item;
+use crate::torch::cuda_data_ptr;
+
+/// One scalar kernel parameter, by how it is packed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Leaf {
+    /// A constexpr or specialized-away argument: not passed to the kernel.
+    Skip,
+    Ptr,
+    I8,
+    I16,
+    I32,
+    I64,
+    U8,
+    U16,
+    U32,
+    U64,
+    F16,
+    BF16,
+    F32,
+    F64,
+}
+
+impl Leaf {
+    /// Triton 3.6's `ty_to_cpp` / `FLOAT_STORAGE_TYPE`, by type name.
+    fn parse(ty: &str) -> Option<Leaf> {
+        if ty.starts_with('*') {
+            return Some(Leaf::Ptr);
+        }
+        Some(match ty {
+            "constexpr" => Leaf::Skip,
+            "i1" | "i8" => Leaf::I8,
+            "i16" => Leaf::I16,
+            "i32" => Leaf::I32,
+            "i64" => Leaf::I64,
+            "u1" | "u8" => Leaf::U8,
+            "u16" => Leaf::U16,
+            "u32" => Leaf::U32,
+            "u64" => Leaf::U64,
+            "fp16" => Leaf::F16,
+            "bf16" => Leaf::BF16,
+            "fp32" | "f32" => Leaf::F32,
+            "fp64" => Leaf::F64,
+            _ => return None,
+        })
+    }
+}
+
+/// A parameter of the kernel's Python signature: a leaf, or a tuple of parameters.
+#[derive(Debug)]
+pub(super) enum Param {
+    Leaf(Leaf),
+    Tuple(Vec<Param>),
+}
+
+impl Param {
+    pub(super) fn from_py(ty: &Bound<'_, PyAny>) -> PyResult<Param> {
+        if let Ok(t) = ty.cast::<PyTuple>() {
+            return t.iter().map(|x| Param::from_py(&x)).collect::<PyResult<_>>().map(Param::Tuple);
+        }
+        let s = ty.cast::<PyString>().map_err(|_| PyTypeError::new_err(format!("signature type {ty}")))?;
+        let s = s.to_str()?;
+        Leaf::parse(s).map(Param::Leaf).ok_or_else(|| PyValueError::new_err(format!("signature type {s:?}")))
+    }
+
+    pub(super) fn slots(&self) -> usize {
+        match self {
+            Param::Leaf(Leaf::Skip) => 0,
+            Param::Leaf(_) => 1,
+            Param::Tuple(items) => items.iter().map(Param::slots).sum(),
+        }
+    }
+}
+
+/// Why a call is handed to Triton's launcher instead (the counters' order).
+#[derive(Clone, Copy)]
+pub(super) enum Decline {
+    Grid,
+    Stream,
+    Pointer,
+    Int,
+    Float,
+    Tuple,
+    Arity,
+}
+
+pub(super) const DECLINES: [&str; 7] = [
+    "the grid is not three int32 values",
+    "the stream is not an int",
+    "a pointer argument is not a CUDA tensor on the current device, an int or None",
+    "an integer argument is not an int in its type's range",
+    "a float argument is not a finite float (or an int)",
+    "a tuple argument does not match the signature",
+    "the arguments do not match the kernel's signature",
+];
+
+/// The packed parameter values, one 8-byte slot each (a value sits in its slot's first bytes).
+pub(super) const INLINE: usize = 64;
+pub(crate) struct Slots {
+    inline: [u64; INLINE],
+    heap: Vec<u64>,
+    n: usize,
+}
+
+impl Slots {
+    pub(crate) fn new() -> Self {
+        Slots { inline: [0; INLINE], heap: Vec::new(), n: 0 }
+    }
+
+    #[inline]
+    fn push(&mut self, v: u64) {
+        if self.n < INLINE {
+            self.inline[self.n] = v;
+        } else {
+            if self.heap.is_empty() {
+                self.heap.extend_from_slice(&self.inline);
+            }
+            self.heap.push(v);
+        }
+        self.n += 1;
+    }
+
+    pub(super) fn values_mut(&mut self) -> &mut [u64] {
+        if self.n <= INLINE {
+            &mut self.inline[..self.n]
+        } else {
+            &mut self.heap
+        }
+    }
+}
+
+/// An int's value when it fits in `[-2**63, 2**64)`; `None` (no error left set) otherwise.
+#[inline]
+pub(super) fn int_value(obj: *mut ffi::PyObject) -> Option<i128> {
+    // SAFETY: obj is a live object; the C API calls below only read it, and any error they set
+    // is cleared before returning.
+    unsafe {
+        if ffi::PyLong_Check(obj) == 0 {
+            return None;
+        }
+        let mut overflow: c_int = 0;
+        let v = ffi::PyLong_AsLongLongAndOverflow(obj, &mut overflow);
+        if overflow == 0 {
+            if v == -1 && !ffi::PyErr_Occurred().is_null() {
+                ffi::PyErr_Clear();
+                return None;
+            }
+            return Some(i128::from(v));
+        }
+        if overflow < 0 {
+            return None;
+        }
+        let u = ffi::PyLong_AsUnsignedLongLong(obj);
+        if u == u64::MAX && !ffi::PyErr_Occurred().is_null() {
+            ffi::PyErr_Clear();
+            return None;
+        }
+        Some(i128::from(u))
+    }
+}
+
+/// What `PyFloat_AsDouble` returns for a float, or an int that fits in 64 bits; `None` otherwise.
+#[inline]
+pub(super) fn float_value(obj: *mut ffi::PyObject) -> Option<f64> {
+    // SAFETY: obj is a live object; PyFloat_AsDouble cannot fail on a float.
+    unsafe {
+        if ffi::PyFloat_Check(obj) != 0 {
+            return Some(ffi::PyFloat_AsDouble(obj));
+        }
+    }
+    // int.__float__ rounds to nearest, ties to even, as `as f64` does.
+    let v = int_value(obj)?;
+    if let Ok(v) = i64::try_from(v) {
+        Some(v as f64)
+    } else {
+        u64::try_from(v).ok().map(|v| v as f64)
+    }
+}
+
+fn pow2(k: i32) -> f64 {
+    f64::from_bits(((1023 + k) as u64) << 52)
+}
+
+/// `frexp` for a finite, positive `x`: `(m, e)` with `x = m * 2**e`, `m` in `[0.5, 1)`.
+fn frexp(x: f64) -> (f64, i32) {
+    let bits = x.to_bits();
+    let exp = ((bits >> 52) & 0x7ff) as i32;
+    if exp == 0 {
+        let (m, e) = frexp(x * pow2(64));
+        return (m, e - 64);
+    }
+    (f64::from_bits((bits & !(0x7ff << 52)) | (1022 << 52)), exp - 1022)
+}
+
+/// `PyFloat_Pack2(x, le=1)` for finite `x`: the IEEE half bits; `None` where CPython raises
+/// (overflow) or the value is not finite (NaN payloads differ between CPython versions).
+pub(crate) fn pack_fp16(x: f64) -> Option<u16> {
+    if x == 0.0 {
+        return Some(u16::from(x.is_sign_negative()) << 15);
+    }
+    if !x.is_finite() {
+        return None;
+    }
+    let sign = u16::from(x < 0.0);
+    let (mut f, mut e) = frexp(x.abs());
+    f *= 2.0;
+    e -= 1;
+    if e >= 16 {
+        return None;
+    } else if e < -25 {
+        f = 0.0;
+        e = 0;
+    } else if e < -14 {
+        f *= pow2(14 + e);
+        e = 0;
+    } else {
+        e += 15;
+        f -= 1.0;
+    }
+    f *= 1024.0;
+    let mut bits = f as u16; // truncation, as CPython's cast
+    let rest = f - f64::from(bits);
+    if rest > 0.5 || (rest == 0.5 && bits % 2 == 1) {
+        bits += 1;
+        if bits == 1024 {
+            bits = 0;
+            e += 1;
+            if e == 31 {
+                return None;
+            }
+        }
+    }
+    Some(bits | ((e as u16) << 10) | (sign << 15))
+}
+
+#[inline]
+fn pack_leaf(leaf: Leaf, obj: *mut ffi::PyObject, device: i64, out: &mut Slots) -> Result<(), Decline> {
+    let int_in = |lo: i128, hi: i128| -> Result<u64, Decline> {
+        match int_value(obj) {
+            Some(v) if (lo..=hi).contains(&v) => Ok(v as u64),
+            _ => Err(Decline::Int),
+        }
+    };
+    let v: u64 = match leaf {
+        Leaf::Skip => return Ok(()),
+        Leaf::Ptr => {
+            // SAFETY: obj is live; Py_None is the None singleton.
+            if obj == unsafe { ffi::Py_None() } {
+                0
+            } else if let Some(p) = cuda_data_ptr(obj, device) {
+                p
+            } else {
+                match int_value(obj) {
+                    Some(v) if v >= 0 => v as u64,
+                    _ => return Err(Decline::Pointer),
+                }
+            }
+        }
+        // Triton 3.6 parses i1/i8 with "b": an unsigned char (0..=255).
+        Leaf::I8 => int_in(0, 255)?,
+        Leaf::I16 => int_in(i16::MIN.into(), i16::MAX.into())? & 0xffff,
+        Leaf::I32 => int_in(i32::MIN.into(), i32::MAX.into())? & 0xffff_ffff,
+        Leaf::I64 => int_in(i64::MIN.into(), i64::MAX.into())?,
+        Leaf::U8 => int_in(0, u8::MAX.into())?,
+        Leaf::U16 => int_in(0, u16::MAX.into())?,
+        Leaf::U32 => int_in(0, u32::MAX.into())?,
+        Leaf::U64 => int_in(0, u64::MAX.into())?,
+        Leaf::F16 => u64::from(float_value(obj).and_then(pack_fp16).ok_or(Decline::Float)?),
+        Leaf::BF16 => match float_value(obj) {
+            Some(x) if !x.is_nan() => u64::from((x as f32).to_bits() >> 16),
+            _ => return Err(Decline::Float),
+        },
+        Leaf::F32 => match float_value(obj) {
+            Some(x) if !x.is_nan() => u64::from((x as f32).to_bits()),
+            _ => return Err(Decline::Float),
+        },
+        Leaf::F64 => float_value(obj).ok_or(Decline::Float)?.to_bits(),
+    };
+    out.push(v);
+    Ok(())
+}
+
+pub(super) fn pack_param(
+    p: &Param,
+    obj: *mut ffi::PyObject,
+    device: i64,
+    out: &mut Slots,
+) -> Result<(), Decline> {
+    match p {
+        Param::Leaf(leaf) => pack_leaf(*leaf, obj, device, out),
+        Param::Tuple(items) => {
+            // SAFETY: obj is live; a tuple (or subclass) has `len` readable items.
+            unsafe {
+                if ffi::PyTuple_Check(obj) == 0 || ffi::PyTuple_Size(obj) != items.len() as ffi::Py_ssize_t {
+                    return Err(Decline::Tuple);
+                }
+                for (i, item) in items.iter().enumerate() {
+                    pack_param(item, tuple_item(obj, i as ffi::Py_ssize_t), device, out)?;
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The grid value Triton's launcher parses with "i", when it is an int in range.
+#[inline]
+pub(super) fn grid_value(obj: &Bound<'_, PyAny>) -> Option<i32> {
+    int_value(obj.as_ptr()).and_then(|v| i32::try_from(v).ok())
+}

@@ -1,0 +1,208 @@
+//! The C entry points of a warm launch: `launch(grid, /, *args, **kwargs)` (bound to a launcher)
+//! and `kernel[grid](*args, **kwargs)` (bound to a `(launcher, grid)` tuple by `_KernelBase`), both
+//! METH_FASTCALL builtins, so neither the subscript nor the call builds an argument tuple or dict.
+
+use std::ptr::null_mut;
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::ffi;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::pyclass::{PyTraverseError, PyVisit};
+use pyo3::types::{PyDict, PyTuple};
+
+use super::{Call, Launcher};
+use crate::keys::tuple_item;
+
+struct Def(*mut ffi::PyMethodDef);
+// SAFETY: a definition is written once, then only read (by CPython).
+unsafe impl Send for Def {}
+// SAFETY: as for Send: never written after it is made.
+unsafe impl Sync for Def {}
+
+fn method_def(
+    name: &'static std::ffi::CStr,
+    f: ffi::PyCFunctionFastWithKeywords,
+    doc: &'static std::ffi::CStr,
+) -> Def {
+    Def(Box::into_raw(Box::new(ffi::PyMethodDef {
+        ml_name: name.as_ptr(),
+        ml_meth: ffi::PyMethodDefPointer { PyCFunctionFastWithKeywords: f },
+        ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
+        ml_doc: doc.as_ptr(),
+    })))
+}
+
+/// `launch(grid, /, *args, **kwargs)`, bound to a launcher.
+pub(super) fn launch_def() -> *mut ffi::PyMethodDef {
+    static DEF: std::sync::OnceLock<Def> = std::sync::OnceLock::new();
+    DEF.get_or_init(|| {
+        method_def(
+            c"launch",
+            launch_fastcall,
+            c"launch(grid, /, *args, **kwargs): kernel[grid](*args, **kwargs)",
+        )
+    })
+    .0
+}
+
+/// `kernel[grid]`: `(*args, **kwargs)`, bound to a `(launcher, grid)` tuple.
+fn bound_def() -> *mut ffi::PyMethodDef {
+    static DEF: std::sync::OnceLock<Def> = std::sync::OnceLock::new();
+    DEF.get_or_init(|| {
+        method_def(c"launch", bound_fastcall, c"kernel[grid](*args, **kwargs) (jitkey.triton)")
+    })
+    .0
+}
+
+/// Runs `f` as the body of a C function: panics become `PanicException`, errors are restored.
+fn c_body(py: Python<'_>, f: impl FnOnce() -> PyResult<*mut ffi::PyObject>) -> *mut ffi::PyObject {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            e.restore(py);
+            null_mut()
+        }
+        Err(_) => {
+            pyo3::panic::PanicException::new_err("jitkey.triton launcher panicked").restore(py);
+            null_mut()
+        }
+    }
+}
+
+fn kw_count(kwnames: *mut ffi::PyObject) -> usize {
+    if kwnames.is_null() {
+        0
+    } else {
+        // SAFETY: a non-null kwnames is a tuple (vectorcall protocol).
+        (unsafe { ffi::PyTuple_Size(kwnames) }) as usize
+    }
+}
+
+/// The body shared by the two METH_FASTCALL entry points. `pick(slf, all, nargs)` names the
+/// launcher, the grid and where the positional arguments start in `all` (positional arguments,
+/// then one value per name in `kwnames`).
+///
+/// # Safety
+/// Called by CPython for a METH_FASTCALL function, attached to the interpreter, with `nargs` (flag
+/// bits stripped) + len(kwnames) live argument pointers; `pick` returns a launcher object.
+unsafe fn fastcall(
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+    pick: impl FnOnce(
+        *mut ffi::PyObject,
+        &[*mut ffi::PyObject],
+        usize,
+    ) -> PyResult<(*mut ffi::PyObject, *mut ffi::PyObject, usize)>,
+) -> *mut ffi::PyObject {
+    // SAFETY: see the contract.
+    let py = unsafe { Python::assume_attached() };
+    c_body(py, || {
+        let nargs = nargs as usize;
+        let n = nargs + kw_count(kwnames);
+        let all: &[*mut ffi::PyObject] = if n == 0 {
+            &[]
+        } else {
+            // SAFETY: `args` holds nargs + len(kwnames) live pointers (the function's contract).
+            unsafe { std::slice::from_raw_parts(args, n) }
+        };
+        let (launcher, grid, first) = pick(slf, all, nargs)?;
+        // SAFETY: `pick` returns a live launcher object.
+        let launcher = unsafe { Borrowed::from_ptr(py, launcher).cast_unchecked::<Launcher>() };
+        let call = Call { grid, pos: &all[first..nargs], kw_values: &all[nargs..], kwnames };
+        launcher.get().run(py, &call).map(Bound::into_ptr)
+    })
+}
+
+/// `launch(grid, /, *args, **kwargs)`: `slf` is the launcher, `args[0]` the grid.
+unsafe extern "C" fn launch_fastcall(
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls it as a METH_FASTCALL function made by `Launcher::launch`.
+    unsafe {
+        fastcall(slf, args, nargs, kwnames, |slf, all, nargs| match nargs {
+            0 => Err(PyTypeError::new_err("launch() missing the grid argument")),
+            _ => Ok((slf, all[0], 1)),
+        })
+    }
+}
+
+/// `kernel[grid](*args, **kwargs)`: `slf` is the `(launcher, grid)` tuple `__getitem__` made.
+unsafe extern "C" fn bound_fastcall(
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls it as a METH_FASTCALL function made by `KernelBase::__getitem__`,
+    // whose self is an exact 2-tuple.
+    unsafe {
+        fastcall(slf, args, nargs, kwnames, |slf, _, _| Ok((tuple_item(slf, 0), tuple_item(slf, 1), 0)))
+    }
+}
+
+/// Base class of `jitkey.triton.TritonKernel`: `kernel[grid]` in C once a native launcher is set
+/// (`_set_launcher`), else the subclass's Python `_subscript(grid)`.
+#[pyclass(name = "_KernelBase", module = "jitkey._core", subclass, frozen)]
+pub(crate) struct KernelBase {
+    launcher: std::sync::RwLock<Option<Py<Launcher>>>,
+}
+
+#[pymethods]
+impl KernelBase {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
+        Self { launcher: std::sync::RwLock::new(None) }
+    }
+
+    /// Routes `self[grid]` to `launcher` (or back to `_subscript` with `None`).
+    #[pyo3(signature = (launcher, /))]
+    fn _set_launcher(&self, launcher: Option<Py<Launcher>>) {
+        *self.launcher.write().unwrap_or_else(std::sync::PoisonError::into_inner) = launcher;
+    }
+
+    fn __getitem__<'py>(slf: &Bound<'py, Self>, grid: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let launcher = slf
+            .get()
+            .launcher
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(|l| l.clone_ref(py));
+        match launcher {
+            Some(l) => {
+                let bound = PyTuple::new(py, [l.into_any().into_bound(py), grid.clone()])?;
+                // SAFETY: a static method definition; the function object holds the tuple.
+                unsafe {
+                    Bound::from_owned_ptr_or_err(
+                        py,
+                        ffi::PyCFunction_NewEx(bound_def(), bound.as_ptr(), null_mut()),
+                    )
+                }
+            }
+            None => slf.call_method1(intern!(py, "_subscript"), (grid,)),
+        }
+    }
+
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        if let Ok(l) = self.launcher.try_read() {
+            if let Some(l) = l.as_ref() {
+                visit.call(l)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn __clear__(&self) {
+        if let Ok(mut l) = self.launcher.try_write() {
+            *l = None;
+        }
+    }
+}
