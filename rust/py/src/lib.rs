@@ -5,7 +5,10 @@
 //! * `torch`: the only module that knows torch: the tensor type, direct `TensorImpl` reads, a
 //!   tensor's metadata under a rule, and the dtype and device tables both key walks share.
 //! * `signature`: `jitkey.Signature` (rule compilation, the per-call walk, the class).
-//! * `lru`, `disk`, `launch`: `jitkey.LruCache`, `jitkey.DiskIndex`, the Triton launcher.
+//! * `lru`, `disk`: `jitkey.LruCache`, `jitkey.DiskIndex`.
+//! * `launch`: the Triton warm-launch path (`_TritonLauncher`, `_TritonEntry`, `_KernelBase`) and
+//!   jitkey's own launch of a compiled kernel (`_LaunchPlan`: packing, launch configuration).
+//! * `cuda`: the CUDA driver entry points, resolved from `libcuda.so.1` at run time.
 
 use pyo3::prelude::*;
 
