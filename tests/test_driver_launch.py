@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -25,9 +26,11 @@ from jitkey.triton._installed import _KNOWN_LAUNCHER_CODE, launcher_code_digest 
 
 HERE = Path(__file__).parent
 CC = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+PYTHON_H = Path(sysconfig.get_paths()["include"]) / "Python.h"  # Triton's launcher is C against CPython
 
 pytestmark = [
     pytest.mark.skipif(CC is None, reason="no C compiler to build the stand-in driver"),
+    pytest.mark.skipif(not PYTHON_H.exists(), reason=f"no {PYTHON_H} to build Triton's launcher against"),
     pytest.mark.skipif(not hasattr(nv, "make_launcher"), reason="this Triton's launcher is not generated C"),
 ]
 
