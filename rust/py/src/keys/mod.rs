@@ -30,6 +30,36 @@ use layout::{init_layout, tuple_len};
 pub(crate) use layout::{tuple_fill, tuple_item};
 pub(crate) use structural::{structural_eq, structural_hash};
 
+/// An int's value when it fits in `[-2**63, 2**64)`, else `None` (any error it set is cleared).
+/// Shared by the signature walk (Triton's int range) and the launch packer.
+///
+/// # Safety
+/// `ptr` is a live int (`PyLong_Check` passed); reading it runs no Python code.
+#[inline]
+pub(crate) unsafe fn int_i128(ptr: *mut ffi::PyObject) -> Option<i128> {
+    let mut overflow: c_int = 0;
+    // SAFETY: the contract; the error indicator is checked and cleared with the GIL held.
+    unsafe {
+        let v = ffi::PyLong_AsLongLongAndOverflow(ptr, &mut overflow);
+        if overflow == 0 {
+            if v == -1 && !ffi::PyErr_Occurred().is_null() {
+                ffi::PyErr_Clear();
+                return None;
+            }
+            return Some(i128::from(v));
+        }
+        if overflow < 0 {
+            return None;
+        }
+        let u = ffi::PyLong_AsUnsignedLongLong(ptr);
+        if u == u64::MAX && !ffi::PyErr_Occurred().is_null() {
+            ffi::PyErr_Clear();
+            return None;
+        }
+        Some(i128::from(u))
+    }
+}
+
 /// One step of the path from the root of a key tree to the failing leaf.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Step {

@@ -329,10 +329,7 @@ impl Launcher {
             let plan = plan.get();
             let mut slots = Slots::new();
             let dev = device.extract::<i64>().unwrap_or(-1);
-            match plan
-                .launch_config([&g0, &g1, &g2], &stream)
-                .and_then(|l| plan.pack(params, dev, &mut slots).map(|()| l))
-            {
+            match plan.prepare([&g0, &g1, &g2], &stream, params, dev, &mut slots) {
                 Ok(l) => {
                     let hooks =
                         if enter.is_none() && exit.is_none() { None } else { Some((&md, &enter, &exit)) };

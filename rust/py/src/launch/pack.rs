@@ -13,14 +13,15 @@
 //!   packed as `PyFloat_Pack2` packs it; NaN, infinities and fp16 overflow are declined.
 //! - constexpr and specialized-away arguments: skipped, as Triton skips them; tuples: flattened.
 
-use std::ffi::c_int;
+use std::ffi::c_void;
+use std::ptr::null_mut;
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
-use crate::keys::tuple_item;
+use crate::keys::{int_i128, tuple_item};
 use crate::torch::cuda_data_ptr;
 
 /// One scalar kernel parameter, by how it is packed.
@@ -117,7 +118,7 @@ pub(super) const DECLINES: [&str; 7] = [
 ];
 
 /// The packed parameter values, one 8-byte slot each (a value sits in its slot's first bytes).
-pub(super) const INLINE: usize = 64;
+const INLINE: usize = 64;
 pub(crate) struct Slots {
     inline: [u64; INLINE],
     heap: Vec<u64>,
@@ -142,7 +143,31 @@ impl Slots {
         self.n += 1;
     }
 
-    pub(super) fn values_mut(&mut self) -> &mut [u64] {
+    /// Triton's `void *params[]`: a pointer to each packed value, then to the global and the
+    /// profile scratch pointer; `f` receives it while all of them are alive.
+    pub(super) fn with_params<R>(
+        &mut self,
+        scratch: &mut [u64; 2],
+        f: impl FnOnce(*mut *mut c_void) -> R,
+    ) -> R {
+        let values = self.values_mut();
+        let n = values.len() + 2;
+        let mut inline: [*mut c_void; INLINE + 2] = [null_mut(); INLINE + 2];
+        let mut heap = Vec::new();
+        let ptrs: &mut [*mut c_void] = if n <= inline.len() {
+            &mut inline[..n]
+        } else {
+            heap.resize(n, null_mut());
+            &mut heap
+        };
+        let scratch = scratch.iter_mut();
+        for (slot, v) in ptrs.iter_mut().zip(values.iter_mut().chain(scratch)) {
+            *slot = (v as *mut u64).cast();
+        }
+        f(ptrs.as_mut_ptr())
+    }
+
+    fn values_mut(&mut self) -> &mut [u64] {
         if self.n <= INLINE {
             &mut self.inline[..self.n]
         } else {
@@ -151,34 +176,11 @@ impl Slots {
     }
 }
 
-/// An int's value when it fits in `[-2**63, 2**64)`; `None` (no error left set) otherwise.
+/// An int's value when it fits in `[-2**63, 2**64)`; `None` for anything else (no error left set).
 #[inline]
 pub(super) fn int_value(obj: *mut ffi::PyObject) -> Option<i128> {
-    // SAFETY: obj is a live object; the C API calls below only read it, and any error they set
-    // is cleared before returning.
-    unsafe {
-        if ffi::PyLong_Check(obj) == 0 {
-            return None;
-        }
-        let mut overflow: c_int = 0;
-        let v = ffi::PyLong_AsLongLongAndOverflow(obj, &mut overflow);
-        if overflow == 0 {
-            if v == -1 && !ffi::PyErr_Occurred().is_null() {
-                ffi::PyErr_Clear();
-                return None;
-            }
-            return Some(i128::from(v));
-        }
-        if overflow < 0 {
-            return None;
-        }
-        let u = ffi::PyLong_AsUnsignedLongLong(obj);
-        if u == u64::MAX && !ffi::PyErr_Occurred().is_null() {
-            ffi::PyErr_Clear();
-            return None;
-        }
-        Some(i128::from(u))
-    }
+    // SAFETY: obj is a live object; it is read as an int only once `PyLong_Check` says it is one.
+    unsafe { (ffi::PyLong_Check(obj) != 0).then(|| int_i128(obj)).flatten() }
 }
 
 /// What `PyFloat_AsDouble` returns for a float, or an int that fits in 64 bits; `None` otherwise.

@@ -9,8 +9,6 @@
 //!
 //! What a call must look like to be claimed, and how each type is packed: `pack`.
 
-use std::ffi::c_void;
-use std::ptr::null_mut;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
@@ -18,7 +16,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use super::pack::{grid_value, int_value, pack_param, Decline, Param, Slots, DECLINES, INLINE};
+use super::pack::{grid_value, int_value, pack_param, Decline, Param, Slots, DECLINES};
 use crate::cuda::{self, DriverError, Launch, CUDA_ERROR_INVALID_VALUE};
 
 /// A scratch buffer the kernel needs: `allocator.get()(grid * num_ctas * size, align, stream)`.
@@ -30,6 +28,7 @@ struct Scratch {
 
 #[pyclass(name = "_LaunchPlan", module = "jitkey._core", frozen)]
 pub(crate) struct LaunchPlan {
+    drv: &'static cuda::Driver,
     params: Vec<Param>,
     nslots: usize,
     function: u64,
@@ -47,34 +46,21 @@ pub(crate) struct LaunchPlan {
 }
 
 impl LaunchPlan {
-    /// Packs one call's parameters; `Err` is why the call goes to Triton's launcher instead.
-    #[inline]
-    pub(crate) fn pack(
-        &self,
-        params: &[*mut ffi::PyObject],
-        device: i64,
-        out: &mut Slots,
-    ) -> Result<(), usize> {
-        if params.len() != self.params.len() {
-            return Err(Decline::Arity as usize);
-        }
-        for (p, &obj) in self.params.iter().zip(params) {
-            pack_param(p, obj, device, out).map_err(|d| d as usize)?;
-        }
-        Ok(())
-    }
-
-    /// Counts a call handed to Triton's launcher (the reason from `pack` or `launch_config`).
+    /// Counts a call handed to Triton's launcher (the reason from `prepare`).
     pub(crate) fn count_decline(&self, why: usize) {
         self.declined[why].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The grid and stream as Triton's launcher parses them; `Err` is a decline reason.
+    /// One call as Triton's launcher parses it: the grid and stream into the launch configuration,
+    /// the parameters into `out`; `Err` is why the call goes to Triton's launcher instead.
     #[inline]
-    pub(crate) fn launch_config(
+    pub(crate) fn prepare(
         &self,
         grid: [&Bound<'_, PyAny>; 3],
         stream: &Bound<'_, PyAny>,
+        params: &[*mut ffi::PyObject],
+        device: i64,
+        out: &mut Slots,
     ) -> Result<Launch, usize> {
         let g = |o: &Bound<'_, PyAny>| grid_value(o).ok_or(Decline::Grid as usize);
         let grid = [g(grid[0])?, g(grid[1])?, g(grid[2])?];
@@ -82,6 +68,12 @@ impl LaunchPlan {
             Some(s) if s >= 0 && s <= i128::from(u64::MAX) => s as u64,
             _ => return Err(Decline::Stream as usize),
         };
+        if params.len() != self.params.len() {
+            return Err(Decline::Arity as usize);
+        }
+        for (p, &obj) in self.params.iter().zip(params) {
+            pack_param(p, obj, device, out).map_err(|d| d as usize)?;
+        }
         Ok(Launch {
             grid,
             num_warps: self.num_warps,
@@ -118,7 +110,7 @@ impl LaunchPlan {
         stream: &Bound<'_, PyAny>,
         hooks: Option<(&Bound<'_, PyAny>, &Bound<'_, PyAny>, &Bound<'_, PyAny>)>,
     ) -> PyResult<()> {
-        let drv = cuda::driver().map_err(PyRuntimeError::new_err)?;
+        let drv = self.drv;
         let global = self.scratch(py, &self.global_scratch, l, stream)?;
         let profile = self.scratch(py, &self.profile_scratch, l, stream)?;
         let mut err: DriverError = None;
@@ -128,30 +120,18 @@ impl LaunchPlan {
                 enter.call1((md,))?;
             }
         }
-        let mut g = scratch_pointer(py, drv, global.as_ref())?;
-        let mut p = scratch_pointer(py, drv, profile.as_ref())?;
-        let values = slots.values_mut();
-        let mut ptrs_inline: [*mut c_void; INLINE + 2] = [null_mut(); INLINE + 2];
-        let mut ptrs_heap = Vec::new();
-        let ptrs: &mut [*mut c_void] = if values.len() <= INLINE {
-            &mut ptrs_inline[..values.len() + 2]
-        } else {
-            ptrs_heap.resize(values.len() + 2, null_mut());
-            &mut ptrs_heap
-        };
-        for (slot, v) in ptrs.iter_mut().zip(values.iter_mut()) {
-            *slot = (v as *mut u64).cast();
-        }
-        let n = ptrs.len();
-        ptrs[n - 2] = (&raw mut g).cast();
-        ptrs[n - 1] = (&raw mut p).cast();
-        // SAFETY: the GIL is released around a call that touches no Python object; `ptrs` points at
-        // `values`, `g` and `p`, which outlive the call; the function handle came from Triton's loader.
-        unsafe {
-            let ts = ffi::PyEval_SaveThread();
-            drv.launch(l, ptrs.as_mut_ptr(), &mut err);
-            ffi::PyEval_RestoreThread(ts);
-        }
+        let mut scratch =
+            [scratch_pointer(py, drv, global.as_ref())?, scratch_pointer(py, drv, profile.as_ref())?];
+        slots.with_params(&mut scratch, |params| {
+            // SAFETY: the GIL is released around a call that touches no Python object; `params`
+            // points at the packed values and the scratch pointers, alive for the call; the
+            // function handle came from Triton's loader.
+            unsafe {
+                let ts = ffi::PyEval_SaveThread();
+                drv.launch(l, params, &mut err);
+                ffi::PyEval_RestoreThread(ts);
+            }
+        });
         if let Some(msg) = err {
             return Err(PyRuntimeError::new_err(msg));
         }
@@ -220,11 +200,12 @@ impl LaunchPlan {
         global_scratch: Option<(i64, i64, Py<PyAny>)>,
         profile_scratch: Option<(i64, i64, Py<PyAny>)>,
     ) -> PyResult<Self> {
-        cuda::driver().map_err(PyRuntimeError::new_err)?;
+        let drv = cuda::driver().map_err(PyRuntimeError::new_err)?;
         let params = signature.iter().map(|t| Param::from_py(&t)).collect::<PyResult<Vec<_>>>()?;
         let nslots = params.iter().map(Param::slots).sum();
         let (num_warps, ctas, shared) = packed_metadata;
         Ok(LaunchPlan {
+            drv,
             params,
             nslots,
             function,
@@ -258,10 +239,7 @@ impl LaunchPlan {
     ) -> PyResult<bool> {
         let objs: Vec<_> = params.iter().map(|p| p.as_ptr()).collect();
         let mut slots = Slots::new();
-        let packed = self
-            .launch_config([gx, gy, gz], stream)
-            .and_then(|l| self.pack(&objs, device_index(device), &mut slots).map(|()| l));
-        match packed {
+        match self.prepare([gx, gy, gz], stream, &objs, device_index(device), &mut slots) {
             Ok(l) => self.launch_packed(py, &mut slots, &l, stream, None).map(|()| true),
             Err(why) => {
                 self.count_decline(why);
@@ -289,29 +267,25 @@ impl LaunchPlan {
         if self.global_scratch.is_some() || self.profile_scratch.is_some() {
             return Err(PyValueError::new_err("_floor: the kernel needs scratch buffers"));
         }
-        let drv = cuda::driver().map_err(PyRuntimeError::new_err)?;
+        let drv = self.drv;
         let objs: Vec<_> = params.iter().map(|p| p.as_ptr()).collect();
         let mut slots = Slots::new();
         let l = self
-            .launch_config([gx, gy, gz], stream)
-            .and_then(|l| self.pack(&objs, device_index(device), &mut slots).map(|()| l))
+            .prepare([gx, gy, gz], stream, &objs, device_index(device), &mut slots)
             .map_err(|why| PyValueError::new_err(format!("_floor: declined: {}", DECLINES[why])))?;
-        let values = slots.values_mut();
-        let mut scratch = [0u64; 2];
-        let mut ptrs: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
-        ptrs.push((&raw mut scratch[0]).cast());
-        ptrs.push((&raw mut scratch[1]).cast());
         let mut err: DriverError = None;
         drv.ensure_context(&mut err);
         let t0 = std::time::Instant::now();
-        // SAFETY: as in `launch_packed`: no Python object is touched while the GIL is released.
-        unsafe {
-            let ts = ffi::PyEval_SaveThread();
-            for _ in 0..n {
-                drv.launch(&l, ptrs.as_mut_ptr(), &mut err);
+        slots.with_params(&mut [0, 0], |params| {
+            // SAFETY: as in `launch_packed`: no Python object is touched while the GIL is released.
+            unsafe {
+                let ts = ffi::PyEval_SaveThread();
+                for _ in 0..n {
+                    drv.launch(&l, params, &mut err);
+                }
+                ffi::PyEval_RestoreThread(ts);
             }
-            ffi::PyEval_RestoreThread(ts);
-        }
+        });
         let dt = t0.elapsed().as_secs_f64();
         match err {
             Some(msg) => Err(PyRuntimeError::new_err(msg)),

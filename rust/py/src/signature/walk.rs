@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
 use crate::errors::ArgumentError;
-use crate::keys::{encode_into, tuple_item};
+use crate::keys::{encode_into, int_i128, tuple_item};
 use crate::torch::{self, encode_tensor, is_tensor, type_name, TorchError};
 
 // ---- failures ----------------------------------------------------------------------------------
@@ -112,33 +112,6 @@ fn long_i64(ptr: *mut ffi::PyObject) -> Option<i64> {
     }
 }
 
-/// Any int's value as i128 when it fits in [-2**63, 2**64), else `None` (error state cleared).
-fn long_i128(obj: &Bound<'_, PyAny>) -> Option<i128> {
-    let ptr = obj.as_ptr();
-    let mut overflow: c_int = 0;
-    // SAFETY: ptr is a live int (PyLong_Check passed by the caller).
-    let v = unsafe { ffi::PyLong_AsLongLongAndOverflow(ptr, &mut overflow) };
-    if overflow == 0 {
-        // SAFETY: checking the thread's error indicator (the GIL is held).
-        if v == -1 && unsafe { !ffi::PyErr_Occurred().is_null() } {
-            let _ = PyErr::take(obj.py());
-            return None;
-        }
-        return Some(i128::from(v));
-    }
-    if overflow > 0 {
-        // SAFETY: as above: a live int.
-        let u = unsafe { ffi::PyLong_AsUnsignedLongLong(ptr) };
-        // SAFETY: checking the thread's error indicator (the GIL is held).
-        if u == u64::MAX && unsafe { !ffi::PyErr_Occurred().is_null() } {
-            let _ = PyErr::take(obj.py());
-            return None;
-        }
-        return Some(i128::from(u));
-    }
-    None
-}
-
 fn encode_int(mode: IntMode, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> FResult {
     if mode == IntMode::Type {
         enc.raw_u8(core_sig::tag::INT_TYPE);
@@ -162,7 +135,9 @@ fn encode_wide_int(mode: IntMode, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> 
         }
         return Err(Fail::msg("int subclass value outside the i64 range".into()));
     }
-    let v = long_i128(obj).ok_or_else(|| Fail::msg(core_sig::TRITON_RANGE_ERROR.into()))?;
+    // SAFETY: `obj` is an int (the caller's `PyLong_Check`).
+    let v =
+        unsafe { int_i128(obj.as_ptr()) }.ok_or_else(|| Fail::msg(core_sig::TRITON_RANGE_ERROR.into()))?;
     Ok(core_sig::write_int(enc, mode, v)?)
 }
 
