@@ -695,6 +695,41 @@ def test_native_subscript_is_c_once_launched(fake_runtime, fake_triton):
     assert ck.launches[-1][:3] == (2, 1, 1)
 
 
+def test_native_subscript_reuses_the_function_for_an_equal_int_grid(fake_runtime, fake_triton):
+    """``kernel[grid]`` for an equal tuple of ints returns the function it made last (no allocation per
+    launch); any other grid gets its own, a callable grid is never kept, and a new launcher drops it."""
+    import gc
+    import weakref
+
+    kernel = jt.bind(k_full)
+    fake_triton(kernel)
+    x = torch.empty(64)
+    args = (x, x, 16, 5, 1.0, True, 64)
+    kernel[(1,)](*args)  # builds the native launcher
+    n = 3
+    first = kernel[(2, n)]
+    assert kernel[(2, 3)] is first and kernel[(1 + 1, 3)] is first
+    assert kernel[(2, 3, 1)] is not first and kernel[[2, 3]] is not kernel[[2, 3]]
+    assert kernel[(2.0, 3)] is not kernel[(2.0, 3)] and kernel[(True,)] is not kernel[(True,)]
+    ck = kernel[(2, 3)](*args)
+    assert ck.launches[-1][:3] == (2, 3, 1)
+    assert kernel[(5,)](*args).launches[-1][:3] == (5, 1, 1)  # another grid replaces the kept one
+
+    def grid(meta):
+        return (4,)
+
+    ref = weakref.ref(grid)
+    assert kernel[grid] is not kernel[grid]
+    assert kernel[grid](*args).launches[-1][:3] == (4, 1, 1)
+    del grid
+    gc.collect()
+    assert ref() is None  # a callable grid (and what it closes over) is not kept alive
+
+    kept = kernel[(7,)]
+    kernel._set_launcher(kernel._jk_launch.__self__)  # a (re)set launcher drops the kept function
+    assert kernel[(7,)] is not kept
+
+
 def test_native_grid_as_list_and_launch_options(fake_runtime, fake_triton):
     kernel = jt.bind(k_full)
     state = fake_triton(kernel)

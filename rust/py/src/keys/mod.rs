@@ -30,6 +30,35 @@ use layout::{init_layout, tuple_len};
 pub(crate) use layout::{tuple_fill, tuple_item};
 pub(crate) use structural::{structural_eq, structural_hash};
 
+/// An int's value when it fits in i64, else `None` (any error it set is cleared). An exact int of
+/// at most one digit is read from the object itself (`layout::small_int`), the rest through
+/// `PyLong_AsLongLongAndOverflow`.
+///
+/// # Safety
+/// `ptr` is a live int (`PyLong_Check` passed); reading it runs no Python code.
+#[inline]
+pub(crate) unsafe fn int_i64(ptr: *mut ffi::PyObject) -> Option<i64> {
+    // SAFETY: the contract; `ob_type` is stable-ABI layout and `small_int` is only used on an exact
+    // int; the error indicator is checked and cleared with the GIL held.
+    unsafe {
+        if is_type((*ptr).ob_type, addr_of_mut!(ffi::PyLong_Type)) {
+            if let Some(v) = layout::small_int(ptr) {
+                return Some(v);
+            }
+        }
+        let mut overflow: c_int = 0;
+        let v = ffi::PyLong_AsLongLongAndOverflow(ptr, &mut overflow);
+        if overflow != 0 {
+            return None;
+        }
+        if v == -1 && !ffi::PyErr_Occurred().is_null() {
+            ffi::PyErr_Clear();
+            return None;
+        }
+        Some(v)
+    }
+}
+
 /// An int's value when it fits in `[-2**63, 2**64)`, else `None` (any error it set is cleared).
 /// Shared by the signature walk (Triton's int range) and the launch packer.
 ///
@@ -37,6 +66,10 @@ pub(crate) use structural::{structural_eq, structural_hash};
 /// `ptr` is a live int (`PyLong_Check` passed); reading it runs no Python code.
 #[inline]
 pub(crate) unsafe fn int_i128(ptr: *mut ffi::PyObject) -> Option<i128> {
+    // SAFETY: the contract.
+    if let Some(v) = unsafe { int_i64(ptr) } {
+        return Some(i128::from(v));
+    }
     let mut overflow: c_int = 0;
     // SAFETY: the contract; the error indicator is checked and cleared with the GIL held.
     unsafe {

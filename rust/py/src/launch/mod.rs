@@ -53,6 +53,10 @@ struct BoundArgs {
 }
 
 impl BoundArgs {
+    fn new() -> Self {
+        BoundArgs { stack: [null_mut(); STACK], heap: Vec::new(), n: 0, opts: Vec::new() }
+    }
+
     fn params(&self) -> &[*mut ffi::PyObject] {
         if self.n <= STACK {
             &self.stack[..self.n]
@@ -132,6 +136,19 @@ fn call_with<'py>(
     }
 }
 
+/// `f(arg)` with no argument tuple (`PyObject_CallFunctionObjArgs` passes its arguments on the
+/// C stack where the callee takes vectorcall).
+fn call_one<'py>(py: Python<'py>, f: &Bound<'py, PyAny>, arg: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: two live objects and the terminating null; the result is a new reference or null
+    // with an error set.
+    unsafe {
+        Bound::from_owned_ptr_or_err(
+            py,
+            ffi::PyObject_CallFunctionObjArgs(f.as_ptr(), arg.as_ptr(), null_mut::<ffi::PyObject>()),
+        )
+    }
+}
+
 impl Launcher {
     /// Binds positional arguments and keyword arguments (`kw_names[i]` = `kw_values[i]`) to the
     /// parameters; `Err` is why the call cannot bind (Triton's own path then raises it).
@@ -141,7 +158,8 @@ impl Launcher {
         pos: &[*mut ffi::PyObject],
         kw_names: &[*mut ffi::PyObject],
         kw_values: &[*mut ffi::PyObject],
-    ) -> Result<BoundArgs, String> {
+        b: &mut BoundArgs,
+    ) -> Result<(), String> {
         let sig = self.sig.get();
         let n = self.names.len();
         let nargs = pos.len();
@@ -149,7 +167,7 @@ impl Launcher {
             let npos = self.npos;
             return Err(format!("takes {npos} positional arguments but {nargs} were given"));
         }
-        let mut b = BoundArgs { stack: [null_mut(); STACK], heap: Vec::new(), n, opts: Vec::new() };
+        b.n = n;
         let slots: &mut [*mut ffi::PyObject] = if n <= STACK {
             &mut b.stack[..n]
         } else {
@@ -187,7 +205,7 @@ impl Launcher {
             };
             b.opts.sort_by_cached_key(|&(k, _)| name(k));
         }
-        Ok(b)
+        Ok(())
     }
 
     /// Writes the key: header, device, knob state, sorted launch options, parameters.
@@ -311,7 +329,7 @@ impl Launcher {
                 if n > 2 { grid.get_item(2)? } else { one.clone() },
             )
         };
-        let stream = self.get_stream.bind(py).call1((device,))?;
+        let stream = call_one(py, self.get_stream.bind(py), device)?;
         let rt = self.runtime.bind(py);
         let enter = rt.getattr(intern!(py, "launch_enter_hook"))?;
         let exit = rt.getattr(intern!(py, "launch_exit_hook"))?;
@@ -425,8 +443,8 @@ impl Launcher {
             kwargs.map(|d| d.iter().collect()).unwrap_or_default();
         let names: Vec<_> = kw.iter().map(|(k, _)| k.as_ptr()).collect();
         let values: Vec<_> = kw.iter().map(|(_, v)| v.as_ptr()).collect();
-        let b = self
-            .bind_params(py, &pos, &names, &values)
+        let mut b = BoundArgs::new();
+        self.bind_params(py, &pos, &names, &values, &mut b)
             .map_err(|m| ArgumentError::new_err(format!("arguments do not bind: {m}")))?;
         with_encoder(|enc| match self.encode_key(py, enc, device, &b) {
             Ok(()) => Ok(pyo3::types::PyBytes::new(py, enc.as_bytes())),
@@ -527,8 +545,9 @@ impl Launcher {
             // SAFETY: kwnames is a tuple of nkw str objects (vectorcall protocol).
             *slot = unsafe { tuple_item(call.kwnames, i as ffi::Py_ssize_t) };
         }
-        let b = match self.bind_params(py, call.pos, kw_names, call.kw_values) {
-            Ok(b) => b,
+        let mut b = BoundArgs::new();
+        match self.bind_params(py, call.pos, kw_names, call.kw_values, &mut b) {
+            Ok(()) => {}
             Err(msg) => {
                 let why = PyString::new(py, &format!("arguments do not bind: {msg}")).into_any().unbind();
                 return self.leave(py, Leave::Fallback(why), call);

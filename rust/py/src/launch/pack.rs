@@ -118,7 +118,7 @@ pub(super) const DECLINES: [&str; 7] = [
 ];
 
 /// The packed parameter values, one 8-byte slot each (a value sits in its slot's first bytes).
-const INLINE: usize = 64;
+const INLINE: usize = 32;
 pub(crate) struct Slots {
     inline: [u64; INLINE],
     heap: Vec<u64>,
@@ -179,8 +179,12 @@ impl Slots {
 /// An int's value when it fits in `[-2**63, 2**64)`; `None` for anything else (no error left set).
 #[inline]
 pub(super) fn int_value(obj: *mut ffi::PyObject) -> Option<i128> {
-    // SAFETY: obj is a live object; it is read as an int only once `PyLong_Check` says it is one.
-    unsafe { (ffi::PyLong_Check(obj) != 0).then(|| int_i128(obj)).flatten() }
+    // SAFETY: obj is a live object (`ob_type` is stable-ABI layout); it is read as an int only
+    // once it is known to be one.
+    unsafe {
+        let exact = std::ptr::eq((*obj).ob_type, std::ptr::addr_of_mut!(ffi::PyLong_Type));
+        (exact || ffi::PyLong_Check(obj) != 0).then(|| int_i128(obj)).flatten()
+    }
 }
 
 /// What `PyFloat_AsDouble` returns for a float, or an int that fits in 64 bits; `None` otherwise.

@@ -9,7 +9,7 @@ use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyDict, PyInt, PyTuple};
 
 use super::{Call, Launcher};
 use crate::keys::tuple_item;
@@ -151,6 +151,46 @@ unsafe extern "C" fn bound_fastcall(
 #[pyclass(name = "_KernelBase", module = "jitkey._core", subclass, frozen)]
 pub(crate) struct KernelBase {
     launcher: std::sync::RwLock<Option<Py<Launcher>>>,
+    /// The last `self[grid]` made for a tuple of 1 to 3 ints, reused while the grid is equal: a
+    /// loop of `kernel[grid](...)` then makes no function object per call. Only int tuples are
+    /// kept (they hold nothing of the caller's), and `_set_launcher` drops it.
+    last: std::sync::Mutex<Option<LastSubscript>>,
+}
+
+/// `kernel[grid]` as last made: the launcher it is bound to, the grid, the bound function.
+struct LastSubscript {
+    launcher: Py<Launcher>,
+    grid: Py<PyAny>,
+    f: Py<PyAny>,
+}
+
+/// Whether `a` and `b` are equal tuples of 1 to 3 exact ints (what `kernel[grid]` may reuse).
+fn same_int_grid(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> bool {
+    let (Ok(a), Ok(b)) = (a.cast_exact::<PyTuple>(), b.cast_exact::<PyTuple>()) else { return false };
+    let n = a.len();
+    if n == 0 || n > 3 || b.len() != n {
+        return false;
+    }
+    (0..n).all(|i| {
+        // SAFETY: both are exact tuples of length n > i; the items are borrowed.
+        let (x, y) = unsafe { (tuple_item(a.as_ptr(), i as isize), tuple_item(b.as_ptr(), i as isize)) };
+        x == y || {
+            let (x, y) = (borrowed_any(a.py(), x), borrowed_any(a.py(), y));
+            x.is_exact_instance_of::<PyInt>()
+                && y.is_exact_instance_of::<PyInt>()
+                && x.eq(&*y).unwrap_or(false)
+        }
+    })
+}
+
+fn is_int_grid(g: &Bound<'_, PyAny>) -> bool {
+    let Ok(t) = g.cast_exact::<PyTuple>() else { return false };
+    (1..=3).contains(&t.len()) && t.iter().all(|x| x.is_exact_instance_of::<PyInt>())
+}
+
+fn borrowed_any<'a, 'py>(py: Python<'py>, p: *mut ffi::PyObject) -> Borrowed<'a, 'py, PyAny> {
+    // SAFETY: `p` is a live item of a tuple that outlives the borrow.
+    unsafe { Borrowed::from_ptr(py, p) }
 }
 
 #[pymethods]
@@ -158,13 +198,14 @@ impl KernelBase {
     #[new]
     #[pyo3(signature = (*_args, **_kwargs))]
     fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
-        Self { launcher: std::sync::RwLock::new(None) }
+        Self { launcher: std::sync::RwLock::new(None), last: std::sync::Mutex::new(None) }
     }
 
     /// Routes `self[grid]` to `launcher` (or back to `_subscript` with `None`).
     #[pyo3(signature = (launcher, /))]
     fn _set_launcher(&self, launcher: Option<Py<Launcher>>) {
         *self.launcher.write().unwrap_or_else(std::sync::PoisonError::into_inner) = launcher;
+        *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 
     fn __getitem__<'py>(slf: &Bound<'py, Self>, grid: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
@@ -176,19 +217,26 @@ impl KernelBase {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
             .map(|l| l.clone_ref(py));
-        match launcher {
-            Some(l) => {
-                let bound = PyTuple::new(py, [l.into_any().into_bound(py), grid.clone()])?;
-                // SAFETY: a static method definition; the function object holds the tuple.
-                unsafe {
-                    Bound::from_owned_ptr_or_err(
-                        py,
-                        ffi::PyCFunction_NewEx(bound_def(), bound.as_ptr(), null_mut()),
-                    )
+        let Some(l) = launcher else { return slf.call_method1(intern!(py, "_subscript"), (grid,)) };
+        let last = &slf.get().last;
+        if let Ok(last) = last.try_lock() {
+            if let Some(s) = last.as_ref() {
+                if s.launcher.is(&l) && (s.grid.is(grid) || same_int_grid(s.grid.bind(py), grid)) {
+                    return Ok(s.f.clone_ref(py).into_bound(py));
                 }
             }
-            None => slf.call_method1(intern!(py, "_subscript"), (grid,)),
         }
+        let bound = PyTuple::new(py, [l.clone_ref(py).into_any().into_bound(py), grid.clone()])?;
+        // SAFETY: a static method definition; the function object holds the tuple.
+        let f = unsafe {
+            Bound::from_owned_ptr_or_err(py, ffi::PyCFunction_NewEx(bound_def(), bound.as_ptr(), null_mut()))?
+        };
+        if is_int_grid(grid) {
+            if let Ok(mut last) = last.try_lock() {
+                *last = Some(LastSubscript { launcher: l, grid: grid.clone().unbind(), f: f.clone().unbind() });
+            }
+        }
+        Ok(f)
     }
 
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -197,12 +245,22 @@ impl KernelBase {
                 visit.call(l)?;
             }
         }
+        if let Ok(last) = self.last.try_lock() {
+            if let Some(s) = last.as_ref() {
+                visit.call(&s.launcher)?;
+                visit.call(&s.grid)?;
+                visit.call(&s.f)?;
+            }
+        }
         Ok(())
     }
 
     fn __clear__(&self) {
         if let Ok(mut l) = self.launcher.try_write() {
             *l = None;
+        }
+        if let Ok(mut last) = self.last.try_lock() {
+            *last = None;
         }
     }
 }

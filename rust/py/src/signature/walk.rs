@@ -3,7 +3,6 @@
 //! ints, floats, sequences, named tuples); tensors are read by `crate::torch`, and every byte
 //! layout lives in the core, next to its decoder.
 
-use std::ffi::c_int;
 use std::ptr::addr_of_mut;
 
 use jitkey_core::key::{EncodeError, Encoder, MAX_DEPTH};
@@ -14,7 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
 use crate::errors::ArgumentError;
-use crate::keys::{encode_into, int_i128, tuple_item};
+use crate::keys::{encode_into, int_i128, int_i64, tuple_item};
 use crate::torch::{self, encode_tensor, is_tensor, type_name, TorchError};
 
 // ---- failures ----------------------------------------------------------------------------------
@@ -97,27 +96,13 @@ pub(super) type FResult = Result<(), Fail>;
 
 // ---- ints --------------------------------------------------------------------------------------
 
-/// Reads an exact-or-subclass int's value as i64 (no Python code runs for real ints). `None`: out
-/// of range, or an error is set (the caller clears it).
-#[inline]
-fn long_i64(ptr: *mut ffi::PyObject) -> Option<i64> {
-    let mut overflow: c_int = 0;
-    // SAFETY: ptr is a live int (PyLong_Check passed); reading it runs no Python code.
-    let v = unsafe { ffi::PyLong_AsLongLongAndOverflow(ptr, &mut overflow) };
-    // SAFETY: checking the thread's error indicator (the GIL is held).
-    if overflow == 0 && !(v == -1 && unsafe { !ffi::PyErr_Occurred().is_null() }) {
-        Some(v)
-    } else {
-        None
-    }
-}
-
 fn encode_int(mode: IntMode, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> FResult {
     if mode == IntMode::Type {
         enc.raw_u8(core_sig::tag::INT_TYPE);
         return Ok(());
     }
-    match long_i64(obj.as_ptr()) {
+    // SAFETY: obj is a live int (the caller's `PyLong_Check`).
+    match unsafe { int_i64(obj.as_ptr()) } {
         Some(v) => Ok(core_sig::write_int(enc, mode, i128::from(v))?),
         None => encode_wide_int(mode, obj, enc),
     }
