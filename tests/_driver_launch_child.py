@@ -74,7 +74,7 @@ def compare(
 ) -> dict[str, Any]:
     nw, nctas, smem, coop, pdl = meta
     launch = triton_launcher(sig)
-    plan = _LaunchPlan(FUNCTION, (nw, nctas, smem), tuple(sig.values()), coop, pdl, nctas, None, None)
+    plan = _LaunchPlan("3.6", FUNCTION, (nw, nctas, smem), tuple(sig.values()), coop, pdl, nctas, None, None)
     expect(sig)
     stats = {"same": 0, "declined": 0, "mismatch": []}
     for grid, args in calls:
@@ -202,7 +202,7 @@ def main() -> None:
     out["cluster16"] = compare(sig, [((2, 3, 1), (0x30000, 9))], (4, 16, 0, True, True))
     # a failing launch raises what Triton raises
     launch = triton_launcher(sig)
-    plan = _LaunchPlan(FUNCTION, (4, 1, 0), ("*fp32", "i32"), False, False, 1, None, None)
+    plan = _LaunchPlan("3.6", FUNCTION, (4, 1, 0), ("*fp32", "i32"), False, False, 1, None, None)
     lib.standin_fail(700)
     errors = []
     for f in (

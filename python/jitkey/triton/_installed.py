@@ -213,6 +213,7 @@ def launch_plan(ck: Any, run: Any, nparams: int) -> tuple[_LaunchPlan | None, st
             return (size, align, allocator) if size > 0 else None
 
         plan = _LaunchPlan(
+            "3.6",  # the only launcher code in _KNOWN_LAUNCHER_CODE
             ck.function,
             tuple(ck.packed_metadata),
             tuple(sig.values()),
