@@ -381,16 +381,19 @@ class _TritonEntry:
 @final
 class _LaunchPlan:
     """Private (:mod:`jitkey.triton`): one compiled kernel's launch, packed and sent to the CUDA driver by
-    jitkey (``cuLaunchKernelEx``), as Triton's generated launcher packs and configures it.
+    jitkey (``cuLaunchKernelEx``), as Triton's launcher packs and configures it.
 
-    ``signature``: the kernel's Triton types in parameter order (tuples nested); a scratch is
-    ``(size, align, allocator)`` or ``None``. Raises ``ValueError`` for a type it does not pack and
-    ``RuntimeError`` when ``libcuda.so.1`` cannot be loaded. A call it does not fully understand is
-    declined (counted by reason, nothing launched) and goes to Triton's launcher.
+    ``dialect``: the Triton launcher code mirrored, ``"3.6"`` (the C launcher generated per signature) or
+    ``"3.9"`` (the generic ``launch`` of the backend's ``driver.c``); ``signature``: the kernel's Triton
+    types in parameter order (tuples nested); a scratch is ``(size, align, allocator)`` or ``None``. Raises
+    ``ValueError`` for a dialect or type it does not know and for a launch whose attributes overflow
+    Triton's own array, and ``RuntimeError`` when ``libcuda.so.1`` cannot be loaded. A call it does not
+    fully understand is declined (counted by reason, nothing launched) and goes to Triton's launcher.
     """
 
     def __new__(
         cls,
+        dialect: str,
         function: int,
         packed_metadata: tuple[int, int, int],
         signature: tuple[Any, ...],

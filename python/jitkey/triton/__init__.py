@@ -72,7 +72,8 @@ def fast_paths() -> dict[str, dict[str, Any]]:
     warm launches run natively (off when the installed Triton's internals are not the ones jitkey knows);
     ``direct_launch``: hits call the CUDA launcher's compiled ``launch`` rather than ``ck.run``;
     ``driver_launch``: hits pack the kernel's parameters and call ``cuLaunchKernelEx`` themselves (off when
-    the installed Triton's launcher code is not one jitkey mirrors, or under ``JITKEY_DRIVER_LAUNCH=0``).
+    the installed Triton's launcher code is not one jitkey mirrors, Triton 3.6.0's or 3.9.0's, or under
+    ``JITKEY_DRIVER_LAUNCH=0``).
     """
     info = triton_info()
     return {

@@ -57,6 +57,10 @@ class TritonInfo:
         self.launcher_problem: str | None = None
         #: Why hits never pack and launch a kernel themselves (``None``: they do, see ``launch_plan``).
         self.driver_launch_problem: str | None = "not inspected"
+        #: The launcher code jitkey's launch plans mirror (``_KNOWN_LAUNCHER_CODE``: "3.6" or "3.9"), and
+        #: ``CudaLauncher.__call__`` as inspected with it (a launcher whose ``__call__`` is another gets no plan).
+        self.launch_dialect: str | None = None
+        self.plan_call: Callable[..., Any] | None = None
         try:
             src = inspect.getsource(JITFunction.run)
         except Exception as exc:  # no source: never fast-path
@@ -64,7 +68,7 @@ class TritonInfo:
             return
         self.problem = self._scan_run(src)
         self.launcher_call, self.launcher_problem = _known_launcher_call(self.version)
-        self.driver_launch_problem = self.launcher_problem or _driver_launch_problem(self.version)
+        self.launch_dialect, self.plan_call, self.driver_launch_problem = _driver_launch(self.version)
 
     def _scan_run(self, src: str) -> str | None:
         """Read ``JITFunction.run``'s per-call knob reads; anything unexpected disables the fast path."""
@@ -133,35 +137,78 @@ def _known_launcher_call(version: str) -> tuple[Callable[..., Any] | None, str |
         return None, f"no readable CUDA launcher ({type(exc).__name__}: {exc})"
 
 
-# The code Triton's CUDA launcher is generated from (``ty_to_cpp``, ``make_launcher`` and its tables, the
-# ``CudaLauncher`` class), whitespace-normalized, comments dropped, hashed: the versions whose packing and
-# launch configuration ``jitkey._core._LaunchPlan`` mirrors byte for byte (tests/test_driver_launch.py
-# compares them on a stand-in driver). Any other code keeps every launch in Triton's launcher.
+# The code of the installed nvidia backend's launcher, whitespace-normalized, comments dropped, hashed (see
+# ``launcher_code_digest``): the versions whose packing and launch configuration ``jitkey._core._LaunchPlan``
+# mirrors byte for byte (tests/test_driver_launch.py compares them on a stand-in driver), each mapped to the
+# dialect a plan mirrors it in. Any other code keeps every launch in Triton's launcher.
 _KNOWN_LAUNCHER_CODE = {
-    "9ded4ac450b4cb48db357007f0d753b43c80dc04ae0b9fc5eee5a22d6ced5588": "triton 3.6.0",
+    "9ded4ac450b4cb48db357007f0d753b43c80dc04ae0b9fc5eee5a22d6ced5588": "3.6",  # triton 3.6.0
+    "3e55fccea0e72e3c9f3033ed028197fd7f9da6defaf0cc4b33bfad9281e7fbe3": "3.9",  # triton 3.9.0
 }
 
 
 def launcher_code_digest() -> str:
-    """The digest of the installed nvidia backend's launcher code (see ``_KNOWN_LAUNCHER_CODE``)."""
+    """The digest of the installed nvidia backend's launcher code (see ``_KNOWN_LAUNCHER_CODE``).
+
+    Triton 3.6 generates a C launcher per signature: ``ty_to_cpp``, ``make_launcher`` and its tables, the
+    ``CudaLauncher`` class. Triton 3.9 calls one generic ``launch`` of the backend's ``driver.c``: the Python
+    that builds its arguments (``CudaLauncher``, ``expand_signature``, ``annotate_arguments``,
+    ``make_kernel_signature``, the tensor-descriptor wrapper) and the bytes of ``driver.c`` itself (what
+    ``CudaUtils`` compiles: the extractors and ``_launch``).
+    """
     from triton.backends.nvidia import driver as nv
 
-    parts = [_normalized_source(f) for f in (nv.ty_to_cpp, nv.make_launcher, nv.wrap_handle_tensordesc)]
-    parts += [_normalized_source(nv.CudaLauncher)]
-    parts += [repr(x) for x in (nv.FLOAT_STORAGE_TYPE, nv.FLOAT_PACK_FUNCTION, nv._BASE_ARGS_FORMAT)]
+    if hasattr(nv, "make_launcher"):
+        parts = [_normalized_source(f) for f in (nv.ty_to_cpp, nv.make_launcher, nv.wrap_handle_tensordesc)]
+        parts += [_normalized_source(nv.CudaLauncher)]
+        parts += [repr(x) for x in (nv.FLOAT_STORAGE_TYPE, nv.FLOAT_PACK_FUNCTION, nv._BASE_ARGS_FORMAT)]
+    else:
+        from triton.backends import driver as base
+
+        helpers = (nv.make_kernel_signature, nv.annotate_arguments, nv.wrap_handle_tensordesc)
+        parts = [
+            _normalized_source(f) for f in (*helpers, base.expand_signature, base.wrap_handle_tensordesc_impl)
+        ]
+        parts += [_normalized_source(nv.CudaLauncher)]
+        with open(os.path.join(nv.dirname, "driver.c"), "rb") as f:
+            parts += [hashlib.sha256(f.read()).hexdigest()]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def _driver_launch_problem(version: str) -> str | None:
+def _own_method(cls: type, name: str) -> Any:
+    """``cls.<name>`` when it is the function written in ``cls``'s own source (not patched or wrapped since)."""
+    f = cls.__dict__.get(name)
+    code = getattr(f, "__code__", None)
+    if code is None:
+        return None
+    lines, first = inspect.getsourcelines(cls)
+    src = inspect.getsourcefile(cls)
+    if src is None or os.path.realpath(code.co_filename) != os.path.realpath(src):
+        return None
+    return f if first <= code.co_firstlineno < first + len(lines) else None
+
+
+def _driver_launch(version: str) -> tuple[str | None, Callable[..., Any] | None, str | None]:
+    """``(dialect, CudaLauncher.__call__, None)`` when hits may launch kernels themselves, else ``(None, None, why not)``."""
     if os.environ.get("JITKEY_DRIVER_LAUNCH", "").strip() == "0":
-        return "JITKEY_DRIVER_LAUNCH=0"
+        return None, None, "JITKEY_DRIVER_LAUNCH=0"
     try:
+        from triton.backends.nvidia.driver import CudaLauncher
+
         digest = launcher_code_digest()
+        call = _own_method(CudaLauncher, "__call__")
     except Exception as exc:  # no nvidia backend, no source
-        return f"no readable CUDA launcher code ({type(exc).__name__}: {exc})"
-    if digest not in _KNOWN_LAUNCHER_CODE:
-        return f"triton {version}: the CUDA launcher's code is not one jitkey mirrors (hits use Triton's launcher)"
-    return None
+        return None, None, f"no readable CUDA launcher code ({type(exc).__name__}: {exc})"
+    dialect = _KNOWN_LAUNCHER_CODE.get(digest)
+    if dialect is None:
+        return (
+            None,
+            None,
+            f"triton {version}: the CUDA launcher's code is not one jitkey mirrors (hits use Triton's launcher)",
+        )
+    if call is None:
+        return None, None, f"triton {version}: CudaLauncher.__call__ is not its own code (patched or wrapped)"
+    return dialect, call, None
 
 
 @functools.cache
@@ -193,26 +240,42 @@ def launch_plan(ck: Any, run: Any, nparams: int) -> tuple[_LaunchPlan | None, st
     """``(plan, None)`` when hits may pack and launch ``ck`` themselves, else ``(None, why not)``.
 
     Only for a ``CudaLauncher`` built from launcher code jitkey mirrors (see ``_KNOWN_LAUNCHER_CODE``),
-    whose compiled ``launch`` is not wrapped (tensor descriptors are) and whose signature has one type per
-    kernel parameter, each a type the plan packs.
+    whose launch is Triton's own C function, unwrapped (tensor descriptors wrap it), and whose signature has
+    one type per kernel parameter, each a type the plan packs. Under Triton 3.9 also not for a kernel
+    instrumented by GSan (its launcher adds arguments of its own).
     """
     info = triton_info()
-    if info.driver_launch_problem is not None:
+    dialect = info.launch_dialect
+    if info.driver_launch_problem is not None or dialect is None:
         return None, info.driver_launch_problem
-    if type(run).__call__ is not info.launcher_call:
+    if type(run).__call__ is not info.plan_call:
         return None, "ck.run is not the CUDA launcher jitkey knows"
     try:
-        if type(run.launch) is not types.BuiltinFunctionType:
-            return None, "Triton's launcher wraps this kernel's launch (tensor descriptors)"
         sig = ck.src.signature
         if type(sig) is not dict or len(sig) != nparams:
             return None, "the compiled kernel's signature does not match the kernel's parameters"
         from triton.runtime import _allocation
 
+        profile_allocator: Any = _allocation._profile_allocator
+        if dialect == "3.9":
+            from triton.backends.nvidia import driver as nv
+
+            if run.gsan_enabled:
+                return None, "GSan instruments this kernel (Triton's launcher adds its own arguments)"
+            utils = getattr(nv.CudaUtils, "instance", None)
+            if utils is None or run.launch is not utils.launch:
+                return None, "Triton's launcher wraps this kernel's launch (tensor descriptors)"
+            if run.kernel_signature != nv.make_kernel_signature(list(sig.values())):
+                return None, "Triton's launcher packs another signature than the compiled kernel's"
+            profile_allocator = _ProfileScratch39()
+        elif type(run.launch) is not types.BuiltinFunctionType:
+            return None, "Triton's launcher wraps this kernel's launch (tensor descriptors)"
+
         def scratch(size: Any, align: Any, allocator: Any) -> tuple[int, int, Any] | None:
             return (size, align, allocator) if size > 0 else None
 
         plan = _LaunchPlan(
+            dialect,
             ck.function,
             tuple(ck.packed_metadata),
             tuple(sig.values()),
@@ -220,11 +283,31 @@ def launch_plan(ck: Any, run: Any, nparams: int) -> tuple[_LaunchPlan | None, st
             bool(run.launch_pdl),
             run.num_ctas,
             scratch(run.global_scratch_size, run.global_scratch_align, _allocation._allocator),
-            scratch(run.profile_scratch_size, run.profile_scratch_align, _allocation._profile_allocator),
+            scratch(run.profile_scratch_size, run.profile_scratch_align, profile_allocator),
         )
     except (AttributeError, TypeError, ValueError, OverflowError, RuntimeError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
     return plan, None
+
+
+class _ProfileScratch39:
+    """The profile-scratch allocator of Triton 3.9's ``CudaLauncher.__call__``, chosen per call as it chooses:
+    the profile allocator when one is set (``triton.set_profile_allocator``), else the active driver's
+    ``allocate_default_profile_scratch``. ``get()`` is what a plan calls, as it calls an allocator's."""
+
+    __slots__ = ("_allocation", "_drivers")
+
+    def __init__(self) -> None:
+        from triton.runtime import _allocation
+        from triton.runtime.driver import driver
+
+        self._allocation = _allocation
+        self._drivers = driver
+
+    def get(self) -> Any:
+        if self._allocation.has_profile_allocator():
+            return self._allocation._profile_allocator.get()
+        return self._drivers.active.allocate_default_profile_scratch
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 //! The CUDA driver, resolved at run time from `libcuda.so.1` as Triton's launcher resolves it.
 //!
 //! No CUDA toolkit at build time and no link-time dependency: the wheel imports on a machine
-//! without a GPU, and `driver()` says why it cannot launch there. Only the entry points Triton
-//! 3.6's generated launcher calls are resolved, and each call below mirrors what that launcher
-//! does with it (`ensureCudaContext`, `_launch`, `getPointer`, `CUDA_CHECK`'s message), so a
-//! launch through jitkey configures the driver exactly as a launch through Triton does.
+//! without a GPU, and `driver()` says why it cannot launch there. Only the entry points Triton's
+//! launcher calls on a launch are resolved, and each call below mirrors what that launcher does
+//! with it (`ensureCudaContext`, `_launch`, `getPointer`/`extractPointer`, `CUDA_CHECK`'s message),
+//! in the `Dialect` of the installed Triton, so a launch through jitkey configures the driver
+//! exactly as a launch through Triton does.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::OnceLock;
@@ -19,9 +20,43 @@ const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: c_int = 2;
 const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: c_int = 4;
 const CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: c_int = 5;
 const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: c_int = 6;
+/// Not in the `cuda.h` Triton 3.9 bundles: its `driver.c` defines it, and the mode below.
+const CU_LAUNCH_ATTRIBUTE_SHARED_MEMORY_MODE: c_int = 18;
+const CU_SHARED_MEMORY_MODE_ALLOW_OVERSIZED_SHARED_MEMORY: u8 = 3;
+/// Above this much dynamic shared memory Triton 3.9 asks for oversized shared memory per launch.
+const OVERSIZED_SHARED_MEMORY: i32 = 228 * 1024;
 const CU_CLUSTER_SCHEDULING_POLICY_SPREAD: c_int = 1;
 const CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: c_int = 14;
 const CU_POINTER_ATTRIBUTE_DEVICE_POINTER: c_int = 3;
+
+/// Which Triton launcher a launch mirrors: the two differ in how parameters are read (`pack`), in
+/// the launch attributes and in what a failed driver call stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    /// Triton 3.6: a C launcher generated per signature (`make_launcher`): the arguments are parsed
+    /// with `PyArg_ParseTuple` formats, and `CUDA_CHECK` records an error and carries on.
+    Generated,
+    /// Triton 3.9: one generic `launch` in the backend's `driver.c`: per-type extractors,
+    /// oversized shared memory as a launch attribute, and `CUDA_CHECK` returns at the first error.
+    Extractors,
+}
+
+impl Dialect {
+    /// The dialect by the Triton version that introduced it: `"3.6"` or `"3.9"`.
+    pub(crate) fn from_name(name: &str) -> Option<Dialect> {
+        match name {
+            "3.6" => Some(Dialect::Generated),
+            "3.9" => Some(Dialect::Extractors),
+            _ => None,
+        }
+    }
+
+    /// Whether a failed `CUDA_CHECK` returns from the function it is in (3.9) or only records the
+    /// error (3.6).
+    fn check_returns(self) -> bool {
+        self == Dialect::Extractors
+    }
+}
 
 /// `CUlaunchAttribute`: the id, 4 bytes of padding, a 64-byte value union (8-byte aligned).
 #[repr(C, align(8))]
@@ -35,10 +70,11 @@ struct LaunchAttribute {
 impl LaunchAttribute {
     const ZERO: Self = Self { id: 0, pad: [0; 4], value: [0; 64] };
 
-    /// `{ .id = id, .value = 1 }`: the union's first byte set, as Triton's initializer writes it.
-    fn flag(id: c_int) -> Self {
+    /// `{ .id = id, .value = v }`: the union's first member is `char pad[64]`, so Triton's
+    /// initializer sets its first byte.
+    fn first_byte(id: c_int, v: u8) -> Self {
         let mut a = Self { id, ..Self::ZERO };
-        a.value[0] = 1;
+        a.value[0] = v;
         a
     }
 
@@ -80,6 +116,7 @@ pub(crate) struct Driver {
 
 /// One kernel launch, as Triton's `_launch` receives it.
 pub(crate) struct Launch {
+    pub dialect: Dialect,
     pub grid: [i32; 3],
     pub num_warps: i32,
     pub num_ctas: i32,
@@ -176,17 +213,26 @@ impl Driver {
     }
 
     /// Triton's `ensureCudaContext`: no current context → device 0's primary context is made current.
-    pub(crate) fn ensure_context(&self, err: &mut DriverError) {
+    /// In 3.9 the first failed call ends it; in 3.6 every call is made and the last error is kept.
+    pub(crate) fn ensure_context(&self, dialect: Dialect, err: &mut DriverError) {
         let mut ctx: *mut c_void = std::ptr::null_mut();
+        let stop = |err: &DriverError| dialect.check_returns() && err.is_some();
         // SAFETY: valid out-pointers; the calls take no other memory.
         unsafe {
             self.check((self.ctx_get_current)(&mut ctx), err);
-            if ctx.is_null() {
-                let mut device: c_int = 0;
-                self.check((self.device_get)(&mut device, 0), err);
-                self.check((self.primary_ctx_retain)(&mut ctx, device), err);
-                self.check((self.ctx_set_current)(ctx), err);
+            if stop(err) || !ctx.is_null() {
+                return;
             }
+            let mut device: c_int = 0;
+            self.check((self.device_get)(&mut device, 0), err);
+            if stop(err) {
+                return;
+            }
+            self.check((self.primary_ctx_retain)(&mut ctx, device), err);
+            if stop(err) {
+                return;
+            }
+            self.check((self.ctx_set_current)(ctx), err);
         }
     }
 
@@ -202,34 +248,25 @@ impl Driver {
 
     /// Triton's `_launch`: the launch configuration and attributes, then `cuLaunchKernelEx`.
     ///
+    /// A 3.9 launch is not made while an error is pending (from `ensure_context`): Triton 3.9
+    /// leaves it set, and its integer and float extractors then fail on it before `_launch`. (For a
+    /// kernel whose parameters are all pointers Triton 3.9 launches anyway, then raises; jitkey
+    /// does not launch on a context it could not make current, and raises the same error.)
+    ///
     /// # Safety
     /// `params` holds one pointer per kernel parameter (the two scratch pointers included), each to
     /// a value of the parameter's size, all alive for the call; `l.function` is a loaded `CUfunction`.
     pub(crate) unsafe fn launch(&self, l: &Launch, params: *mut *mut c_void, err: &mut DriverError) {
+        if l.dialect.check_returns() && err.is_some() {
+            return;
+        }
         let [gx, gy, gz] = l.grid;
         // C int arithmetic as in Triton's launcher (wrapping where C would overflow).
         if gx.wrapping_mul(gy).wrapping_mul(gz) <= 0 {
             return;
         }
-        let mut attrs = [LaunchAttribute::ZERO; 4];
-        let mut n = 0;
-        if l.pdl {
-            attrs[n] = LaunchAttribute::flag(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
-            n += 1;
-        }
-        if l.cooperative {
-            attrs[n] = LaunchAttribute::flag(CU_LAUNCH_ATTRIBUTE_COOPERATIVE);
-            n += 1;
-        }
-        if l.num_ctas != 1 {
-            attrs[n] = LaunchAttribute::ints(CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &[l.num_ctas, 1, 1]);
-            n += 1;
-            attrs[n] = LaunchAttribute::ints(
-                CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
-                &[CU_CLUSTER_SCHEDULING_POLICY_SPREAD],
-            );
-            n += 1;
-        }
+        let mut attrs = [LaunchAttribute::ZERO; MAX_ATTRIBUTES];
+        let n = l.attributes(&mut attrs);
         let config = LaunchConfig {
             grid: [gx.wrapping_mul(l.num_ctas) as c_uint, gy as c_uint, gz as c_uint],
             block: [32i32.wrapping_mul(l.num_warps) as c_uint, 1, 1],
@@ -250,8 +287,55 @@ impl Driver {
                     ),
                     err,
                 );
+                if l.dialect.check_returns() && err.is_some() {
+                    return;
+                }
             }
             self.check((self.launch_kernel_ex)(&config, function, params, std::ptr::null_mut()), err);
         }
+    }
+}
+
+/// The most launch attributes a launch sets (one more than Triton's `_launch` has room for: see
+/// `Launch::attribute_count`).
+const MAX_ATTRIBUTES: usize = 5;
+
+/// The most launch attributes Triton's `_launch` has room for (`CUlaunchAttribute launchAttr[4]`).
+pub(crate) const TRITON_ATTRIBUTE_ROOM: usize = 4;
+
+impl Launch {
+    /// The launch attributes Triton's `_launch` sets, in its order, into `attrs`; returns how many.
+    fn attributes(&self, attrs: &mut [LaunchAttribute; MAX_ATTRIBUTES]) -> usize {
+        let mut n = 0;
+        let mut push = |a: LaunchAttribute| {
+            attrs[n] = a;
+            n += 1;
+        };
+        if self.dialect == Dialect::Extractors && self.shared_memory > OVERSIZED_SHARED_MEMORY {
+            push(LaunchAttribute::first_byte(
+                CU_LAUNCH_ATTRIBUTE_SHARED_MEMORY_MODE,
+                CU_SHARED_MEMORY_MODE_ALLOW_OVERSIZED_SHARED_MEMORY,
+            ));
+        }
+        if self.pdl {
+            push(LaunchAttribute::first_byte(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1));
+        }
+        if self.cooperative {
+            push(LaunchAttribute::first_byte(CU_LAUNCH_ATTRIBUTE_COOPERATIVE, 1));
+        }
+        if self.num_ctas != 1 {
+            push(LaunchAttribute::ints(CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &[self.num_ctas, 1, 1]));
+            push(LaunchAttribute::ints(
+                CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
+                &[CU_CLUSTER_SCHEDULING_POLICY_SPREAD],
+            ));
+        }
+        n
+    }
+
+    /// How many launch attributes this launch sets. More than `TRITON_ATTRIBUTE_ROOM` (3.9: oversized
+    /// shared memory with PDL, a cooperative grid and a cluster) overflows Triton's own array.
+    pub(crate) fn attribute_count(&self) -> usize {
+        self.attributes(&mut [LaunchAttribute::ZERO; MAX_ATTRIBUTES])
     }
 }

@@ -1,4 +1,4 @@
-//! Packing one call's parameters as Triton 3.6's generated launcher packs them, or declining it.
+//! Packing one call's parameters as Triton's launcher packs them (its `Dialect`), or declining it.
 //!
 //! The plan only launches what it fully understands; everything else is *declined* before any side
 //! effect, counted by reason, and the caller hands the call to Triton's launcher, which then packs,
@@ -7,13 +7,16 @@
 //!   CUDA tensor on the current device, whose data pointer is read from its `TensorImpl`: valid by
 //!   construction, so no `cuPointerGetAttribute` per pointer. Host memory, another device, tensor
 //!   subclasses and `data_ptr()` objects are declined (Triton's launcher checks them).
-//! - integers: ints (bools included) inside the type's range. Out-of-range values are declined:
-//!   Triton raises for some and truncates others, and jitkey does not guess which.
+//! - integers: ints (bools included) that Triton's launcher reads without an error, packed as it
+//!   packs them (`Leaf::Int`): in 3.6 the type's own range (Triton raises for some values outside
+//!   it and masks others: jitkey does not guess which), in 3.9 the range of the C type its extractor
+//!   reads (`long`, `unsigned long`, ...), truncated to the parameter's width as C converts it.
+//!   Everything else is declined.
 //! - floats: floats, and ints that fit in 64 bits (converted as `float(x)` converts them). fp16 is
 //!   packed as `PyFloat_Pack2` packs it; NaN, infinities and fp16 overflow are declined.
 //! - constexpr and specialized-away arguments: skipped, as Triton skips them; tuples: flattened.
 
-use std::ffi::c_void;
+use std::ffi::{c_long, c_longlong, c_ulong, c_ulonglong, c_void};
 use std::ptr::null_mut;
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -21,6 +24,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
+use crate::cuda::Dialect;
 use crate::keys::{int_i128, tuple_item};
 use crate::torch::cuda_data_ptr;
 
@@ -30,36 +34,67 @@ pub(super) enum Leaf {
     /// A constexpr or specialized-away argument: not passed to the kernel.
     Skip,
     Ptr,
-    I8,
-    I16,
-    I32,
-    I64,
-    U8,
-    U16,
-    U32,
-    U64,
+    /// An integer: claimed when it is an int in `min..=max` (what Triton's launcher reads without
+    /// an error), passed as its low `bytes` bytes (two's complement, as C narrows it).
+    Int {
+        min: i128,
+        max: i128,
+        bytes: u8,
+    },
     F16,
     BF16,
     F32,
     F64,
 }
 
+/// A `Leaf::Int` read as the C type `T` (its range), passed as `bytes` bytes.
+macro_rules! int_as {
+    ($t:ty, $bytes:expr) => {
+        Leaf::Int { min: <$t>::MIN as i128, max: <$t>::MAX as i128, bytes: $bytes }
+    };
+}
+
 impl Leaf {
-    /// Triton 3.6's `ty_to_cpp` / `FLOAT_STORAGE_TYPE`, by type name.
-    fn parse(ty: &str) -> Option<Leaf> {
+    /// The leaf of a Triton type name in `dialect`: 3.6's `ty_to_cpp` / `FLOAT_STORAGE_TYPE` and
+    /// its `PyArg_ParseTuple` formats, or 3.9's `extraction_map` (`driver.c`).
+    fn parse(dialect: Dialect, ty: &str) -> Option<Leaf> {
         if ty.starts_with('*') {
             return Some(Leaf::Ptr);
         }
+        let int = match dialect {
+            // Parsed with "b" (i1, i8: an unsigned char), "h", "i", "L", and for the unsigned
+            // types "B", "H", "I", "K" (which mask rather than raise: out of range is declined).
+            Dialect::Generated => match ty {
+                "i1" | "i8" => Some(int_as!(u8, 1)),
+                "i16" => Some(int_as!(i16, 2)),
+                "i32" => Some(int_as!(i32, 4)),
+                "i64" => Some(int_as!(i64, 8)),
+                "u1" | "u8" => Some(int_as!(u8, 1)),
+                "u16" => Some(int_as!(u16, 2)),
+                "u32" => Some(int_as!(u32, 4)),
+                "u64" => Some(int_as!(u64, 8)),
+                _ => None,
+            },
+            // extractI8/I16/I32 (i1 too: 4 bytes) read `PyLong_AsLong`, extractI64
+            // `PyLong_AsLongLong`, extractU8/U16/U32 (u1 too: 4 bytes) `PyLong_AsUnsignedLong`,
+            // extractU64 `PyLong_AsUnsignedLongLong`, then store into the narrower C type.
+            Dialect::Extractors => match ty {
+                "i8" => Some(int_as!(c_long, 1)),
+                "i16" => Some(int_as!(c_long, 2)),
+                "i1" | "i32" => Some(int_as!(c_long, 4)),
+                "i64" => Some(int_as!(c_longlong, 8)),
+                "u8" => Some(int_as!(c_ulong, 1)),
+                "u16" => Some(int_as!(c_ulong, 2)),
+                "u1" | "u32" => Some(int_as!(c_ulong, 4)),
+                "u64" => Some(int_as!(c_ulonglong, 8)),
+                _ => None,
+            },
+        };
+        if int.is_some() {
+            return int;
+        }
         Some(match ty {
             "constexpr" => Leaf::Skip,
-            "i1" | "i8" => Leaf::I8,
-            "i16" => Leaf::I16,
-            "i32" => Leaf::I32,
-            "i64" => Leaf::I64,
-            "u1" | "u8" => Leaf::U8,
-            "u16" => Leaf::U16,
-            "u32" => Leaf::U32,
-            "u64" => Leaf::U64,
             "fp16" => Leaf::F16,
             "bf16" => Leaf::BF16,
             "fp32" | "f32" => Leaf::F32,
@@ -77,13 +112,15 @@ pub(super) enum Param {
 }
 
 impl Param {
-    pub(super) fn from_py(ty: &Bound<'_, PyAny>) -> PyResult<Param> {
+    pub(super) fn from_py(dialect: Dialect, ty: &Bound<'_, PyAny>) -> PyResult<Param> {
         if let Ok(t) = ty.cast::<PyTuple>() {
-            return t.iter().map(|x| Param::from_py(&x)).collect::<PyResult<_>>().map(Param::Tuple);
+            return t.iter().map(|x| Param::from_py(dialect, &x)).collect::<PyResult<_>>().map(Param::Tuple);
         }
         let s = ty.cast::<PyString>().map_err(|_| PyTypeError::new_err(format!("signature type {ty}")))?;
         let s = s.to_str()?;
-        Leaf::parse(s).map(Param::Leaf).ok_or_else(|| PyValueError::new_err(format!("signature type {s:?}")))
+        Leaf::parse(dialect, s)
+            .map(Param::Leaf)
+            .ok_or_else(|| PyValueError::new_err(format!("signature type {s:?}")))
     }
 
     pub(super) fn slots(&self) -> usize {
@@ -263,12 +300,6 @@ pub(crate) fn pack_fp16(x: f64) -> Option<u16> {
 
 #[inline]
 fn pack_leaf(leaf: Leaf, obj: *mut ffi::PyObject, device: i64, out: &mut Slots) -> Result<(), Decline> {
-    let int_in = |lo: i128, hi: i128| -> Result<u64, Decline> {
-        match int_value(obj) {
-            Some(v) if (lo..=hi).contains(&v) => Ok(v as u64),
-            _ => Err(Decline::Int),
-        }
-    };
     let v: u64 = match leaf {
         Leaf::Skip => return Ok(()),
         Leaf::Ptr => {
@@ -284,15 +315,11 @@ fn pack_leaf(leaf: Leaf, obj: *mut ffi::PyObject, device: i64, out: &mut Slots) 
                 }
             }
         }
-        // Triton 3.6 parses i1/i8 with "b": an unsigned char (0..=255).
-        Leaf::I8 => int_in(0, 255)?,
-        Leaf::I16 => int_in(i16::MIN.into(), i16::MAX.into())? & 0xffff,
-        Leaf::I32 => int_in(i32::MIN.into(), i32::MAX.into())? & 0xffff_ffff,
-        Leaf::I64 => int_in(i64::MIN.into(), i64::MAX.into())?,
-        Leaf::U8 => int_in(0, u8::MAX.into())?,
-        Leaf::U16 => int_in(0, u16::MAX.into())?,
-        Leaf::U32 => int_in(0, u32::MAX.into())?,
-        Leaf::U64 => int_in(0, u64::MAX.into())?,
+        Leaf::Int { min, max, bytes } => match int_value(obj) {
+            // Two's complement, then the low `bytes` bytes (the slot's first, little-endian).
+            Some(v) if (min..=max).contains(&v) => (v as u64) & (u64::MAX >> (64 - 8 * u32::from(bytes))),
+            _ => return Err(Decline::Int),
+        },
         Leaf::F16 => u64::from(float_value(obj).and_then(pack_fp16).ok_or(Decline::Float)?),
         Leaf::BF16 => match float_value(obj) {
             Some(x) if !x.is_nan() => u64::from((x as f32).to_bits() >> 16),

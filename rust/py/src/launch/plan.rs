@@ -2,10 +2,11 @@
 //! by jitkey itself.
 //!
 //! A plan is made once per compiled kernel (on a miss) from what Triton's launcher would be built
-//! from: the kernel's signature types, `packed_metadata` (`num_warps`, `num_ctas`, shared memory),
-//! the cooperative-grid and PDL flags and the scratch sizes. On a hit it fills the parameter buffer
-//! in Rust (per signature type, as Triton 3.6's generated launcher packs it) and calls
-//! `cuLaunchKernelEx` with the launch configuration that launcher would use (`cuda::Driver::launch`).
+//! from: the launcher's `Dialect` (which Triton's launcher code it mirrors), the kernel's signature
+//! types, `packed_metadata` (`num_warps`, `num_ctas`, shared memory), the cooperative-grid and PDL
+//! flags and the scratch sizes. On a hit it fills the parameter buffer in Rust (per signature type,
+//! as that launcher packs it) and calls `cuLaunchKernelEx` with the launch configuration that
+//! launcher would use (`cuda::Driver::launch`).
 //!
 //! What a call must look like to be claimed, and how each type is packed: `pack`.
 
@@ -17,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use super::pack::{grid_value, int_value, pack_param, Decline, Param, Slots, DECLINES};
-use crate::cuda::{self, DriverError, Launch, CUDA_ERROR_INVALID_VALUE};
+use crate::cuda::{self, Dialect, DriverError, Launch, CUDA_ERROR_INVALID_VALUE, TRITON_ATTRIBUTE_ROOM};
 
 /// A scratch buffer the kernel needs: `allocator.get()(grid * num_ctas * size, align, stream)`.
 struct Scratch {
@@ -29,6 +30,7 @@ struct Scratch {
 #[pyclass(name = "_LaunchPlan", module = "jitkey._core", frozen)]
 pub(crate) struct LaunchPlan {
     drv: &'static cuda::Driver,
+    dialect: Dialect,
     params: Vec<Param>,
     nslots: usize,
     function: u64,
@@ -75,6 +77,7 @@ impl LaunchPlan {
             pack_param(p, obj, device, out).map_err(|d| d as usize)?;
         }
         Ok(Launch {
+            dialect: self.dialect,
             grid,
             num_warps: self.num_warps,
             num_ctas: self.num_ctas,
@@ -114,14 +117,16 @@ impl LaunchPlan {
         let global = self.scratch(py, &self.global_scratch, l, stream)?;
         let profile = self.scratch(py, &self.profile_scratch, l, stream)?;
         let mut err: DriverError = None;
-        drv.ensure_context(&mut err);
+        drv.ensure_context(l.dialect, &mut err);
         if let Some((md, enter, _)) = hooks {
             if !enter.is_none() {
                 enter.call1((md,))?;
             }
         }
-        let mut scratch =
-            [scratch_pointer(py, drv, global.as_ref())?, scratch_pointer(py, drv, profile.as_ref())?];
+        let mut scratch = [
+            scratch_pointer(py, drv, l.dialect, global.as_ref())?,
+            scratch_pointer(py, drv, l.dialect, profile.as_ref())?,
+        ];
         slots.with_params(&mut scratch, |params| {
             // SAFETY: the GIL is released around a call that touches no Python object; `params`
             // points at the packed values and the scratch pointers, alive for the call; the
@@ -145,9 +150,14 @@ impl LaunchPlan {
     }
 }
 
-/// Triton's `getPointer` for a scratch buffer (index -1), exactly: None → 0, an int as is, else
-/// `data_ptr()` checked with `cuPointerGetAttribute`.
-fn scratch_pointer(py: Python<'_>, drv: &cuda::Driver, obj: Option<&Bound<'_, PyAny>>) -> PyResult<u64> {
+/// Triton's `getPointer` (3.6, index -1) or `extractPointer` (3.9) for a scratch buffer: None → 0,
+/// an int as is, else `data_ptr()` checked with `cuPointerGetAttribute`.
+fn scratch_pointer(
+    py: Python<'_>,
+    drv: &cuda::Driver,
+    dialect: Dialect,
+    obj: Option<&Bound<'_, PyAny>>,
+) -> PyResult<u64> {
     let Some(obj) = obj else { return Ok(0) };
     if obj.is_none() {
         return Ok(0);
@@ -166,9 +176,10 @@ fn scratch_pointer(py: Python<'_>, drv: &cuda::Driver, obj: Option<&Bound<'_, Py
     }
     match drv.device_pointer(ptr) {
         (0, dev) => Ok(dev),
-        (CUDA_ERROR_INVALID_VALUE, _) => Err(PyValueError::new_err(
-            "Pointer argument (at -1) cannot be accessed from Triton (cpu tensor?)",
-        )),
+        (CUDA_ERROR_INVALID_VALUE, _) => Err(PyValueError::new_err(match dialect {
+            Dialect::Generated => "Pointer argument (at -1) cannot be accessed from Triton (cpu tensor?)",
+            Dialect::Extractors => "Pointer argument cannot be accessed from Triton (cpu tensor?)",
+        })),
         (rc, _) => Err(PyRuntimeError::new_err(format!("Triton Error [CUDA]: {}", drv.error_string(rc)))),
     }
 }
@@ -183,14 +194,18 @@ fn device_index(device: Option<i64>) -> i64 {
 
 #[pymethods]
 impl LaunchPlan {
-    /// `_LaunchPlan(function, packed_metadata, signature, cooperative, pdl, num_ctas, global_scratch,
-    /// profile_scratch, /)`: `signature` is the kernel's Triton types in parameter order (tuples
-    /// nested); a scratch is `(size, align, allocator)` or None. Raises `ValueError` for a type it
-    /// does not pack and `RuntimeError` when the CUDA driver cannot be loaded.
+    /// `_LaunchPlan(dialect, function, packed_metadata, signature, cooperative, pdl, num_ctas,
+    /// global_scratch, profile_scratch, /)`: `dialect` is the Triton launcher code mirrored, `"3.6"`
+    /// (the generated C launcher) or `"3.9"` (`driver.c`'s generic launch); `signature` is the
+    /// kernel's Triton types in parameter order (tuples nested); a scratch is `(size, align,
+    /// allocator)` or None. Raises `ValueError` for a dialect or type it does not know and for a
+    /// launch whose attributes overflow Triton's own array, and `RuntimeError` when the CUDA driver
+    /// cannot be loaded.
     #[new]
-    #[pyo3(signature = (function, packed_metadata, signature, cooperative, pdl, num_ctas, global_scratch, profile_scratch, /))]
+    #[pyo3(signature = (dialect, function, packed_metadata, signature, cooperative, pdl, num_ctas, global_scratch, profile_scratch, /))]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        dialect: &str,
         function: u64,
         packed_metadata: (i32, i32, i32),
         signature: &Bound<'_, PyTuple>,
@@ -200,12 +215,33 @@ impl LaunchPlan {
         global_scratch: Option<(i64, i64, Py<PyAny>)>,
         profile_scratch: Option<(i64, i64, Py<PyAny>)>,
     ) -> PyResult<Self> {
-        let drv = cuda::driver().map_err(PyRuntimeError::new_err)?;
-        let params = signature.iter().map(|t| Param::from_py(&t)).collect::<PyResult<Vec<_>>>()?;
+        let dialect = Dialect::from_name(dialect)
+            .ok_or_else(|| PyValueError::new_err(format!("launcher dialect {dialect:?}")))?;
+        let params = signature.iter().map(|t| Param::from_py(dialect, &t)).collect::<PyResult<Vec<_>>>()?;
         let nslots = params.iter().map(Param::slots).sum();
         let (num_warps, ctas, shared) = packed_metadata;
+        let attrs = Launch {
+            dialect,
+            grid: [1; 3],
+            num_warps,
+            num_ctas: ctas,
+            shared_memory: shared,
+            cooperative,
+            pdl,
+            stream: 0,
+            function,
+        }
+        .attribute_count();
+        if attrs > TRITON_ATTRIBUTE_ROOM {
+            return Err(PyValueError::new_err(format!(
+                "the launch sets {attrs} launch attributes and Triton's launcher has room for \
+                 {TRITON_ATTRIBUTE_ROOM} (its launch is undefined)"
+            )));
+        }
+        let drv = cuda::driver().map_err(PyRuntimeError::new_err)?;
         Ok(LaunchPlan {
             drv,
+            dialect,
             params,
             nslots,
             function,
@@ -274,7 +310,7 @@ impl LaunchPlan {
             .prepare([gx, gy, gz], stream, &objs, device_index(device), &mut slots)
             .map_err(|why| PyValueError::new_err(format!("_floor: declined: {}", DECLINES[why])))?;
         let mut err: DriverError = None;
-        drv.ensure_context(&mut err);
+        drv.ensure_context(l.dialect, &mut err);
         let t0 = std::time::Instant::now();
         slots.with_params(&mut [0, 0], |params| {
             // SAFETY: as in `launch_packed`: no Python object is touched while the GIL is released.
