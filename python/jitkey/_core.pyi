@@ -407,9 +407,12 @@ class _LaunchPlan:
     def launch(self, gx: int, gy: int, gz: int, stream: int, device: int | None, *params: Any) -> bool:
         """Launch as a hit would (no hooks); False when declined (nothing launched)."""
     def _floor(
-        self, n: int, gx: int, gy: int, gz: int, stream: int, device: int | None, *params: Any
+        self, n: int, gx: int, gy: int, gz: int, stream: int, device: int | None, *params: Any, steps: int = 0
     ) -> float:
-        """The driver floor for benchmarks: ``n`` launches of pre-packed parameters in a native loop; seconds."""
+        """The driver floor for benchmarks: ``n`` launches of pre-packed parameters in a native loop; seconds.
+
+        ``steps`` adds per launch what a hit does around the driver call: 1 the context check, 2 releasing
+        and taking back the GIL, 4 packing the parameters again."""
     def counts(self) -> dict[str, Any]:
         """``{"launched": n, "declined": {reason: n}}``."""
     @property

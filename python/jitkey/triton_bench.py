@@ -9,7 +9,10 @@ constexpr). Every implementation's output is checked against a torch reference b
 (outside the timed region); the figure is the median over batches of the host time per launch, in µs.
 
 The driver floor is the limit for a launch from Python: a native loop calling ``cuLaunchKernelEx`` on the same
-function with the parameters packed once (``_LaunchPlan._floor``). Inductor's static launcher
+function with the parameters packed once (``_LaunchPlan._floor``). "floor + launch steps" is the same loop with
+what a jitkey hit does around each driver call added (the context check, the GIL hand-off, packing the
+parameters again): the gap from it to jitkey is the per-call work on the Python side (binding, the device
+and stream queries, the knob reads, the key and the lookup). Inductor's static launcher
 (``torch._inductor.runtime.static_triton_launcher.StaticallyLaunchedCudaKernel``) is timed through its
 ``run`` and through its C++ ``_launch_kernel`` called directly.
 """
@@ -154,9 +157,10 @@ def _time_interleaved(
     return per_launch
 
 
-def _floor_batch(plan: Any, g0: int, dev: int, args: tuple[Any, ...], n: int) -> float:
-    """``n`` launches in the driver floor's native loop (parameters packed once)."""
-    return float(plan._floor(n, g0, 1, 1, torch._C._cuda_getCurrentRawStream(dev), dev, *args))
+def _floor_batch(plan: Any, g0: int, dev: int, args: tuple[Any, ...], n: int, steps: int = 0) -> float:
+    """``n`` launches in the driver floor's native loop (parameters packed once; ``steps=7``: with the context
+    check, the GIL hand-off and the packing a hit does around each driver call)."""
+    return float(plan._floor(n, g0, 1, 1, torch._C._cuda_getCurrentRawStream(dev), dev, *args, steps=steps))
 
 
 def _inductor_static(ck: Any, args: tuple[Any, ...], dev: int, tmp: str) -> tuple[Any, tuple[Any, ...]] | str:
@@ -237,6 +241,9 @@ def run_bench(batches: int = 100, launches: int = 200) -> dict[str, Any]:
             floor = functools.partial(_floor_batch, plan, g0, dev, args)
             batch_impls["driver floor"] = floor
             _check(f"{label} / driver floor", functools.partial(floor, 1), out, ref)
+            steps: Callable[[int], float] = functools.partial(_floor_batch, plan, g0, dev, args, steps=7)
+            batch_impls["floor + launch steps"] = steps
+            _check(f"{label} / floor + launch steps", functools.partial(steps, 1), out, ref)
         for name, fn in impls.items():
             if name == "torch.add":
                 _check(f"{label} / {name}", fn, tmp_out, x0 + y0)
@@ -285,6 +292,7 @@ _COLUMNS = (
     "inductor _launch_kernel",
     "torch.add",
     "driver floor",
+    "floor + launch steps",
 )
 
 

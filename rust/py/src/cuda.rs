@@ -115,6 +115,7 @@ pub(crate) struct Driver {
 }
 
 /// One kernel launch, as Triton's `_launch` receives it.
+#[derive(Clone)]
 pub(crate) struct Launch {
     pub dialect: Dialect,
     pub grid: [i32; 3],

@@ -284,10 +284,12 @@ impl LaunchPlan {
         }
     }
 
-    /// `_floor(n, gx, gy, gz, stream, device, *params) -> float`: the driver floor, for benchmarks:
-    /// packs once, then calls `cuLaunchKernelEx` `n` times in a native loop (GIL released); returns
-    /// the seconds the loop took. Raises `ValueError` if the call would be declined.
-    #[pyo3(signature = (n, gx, gy, gz, stream, device, *params))]
+    /// `_floor(n, gx, gy, gz, stream, device, *params, steps=0) -> float`: the driver floor, for
+    /// benchmarks: packs once, then calls `cuLaunchKernelEx` `n` times in a native loop (GIL
+    /// released); returns the seconds the loop took. Raises `ValueError` if the call would be
+    /// declined. `steps` adds, per launch, what a hit does around the driver call, to see what each
+    /// costs: 1 `ensure_context`, 2 releasing and taking back the GIL, 4 packing the parameters again.
+    #[pyo3(signature = (n, gx, gy, gz, stream, device, *params, steps=0))]
     #[allow(clippy::too_many_arguments)]
     fn _floor(
         &self,
@@ -299,29 +301,59 @@ impl LaunchPlan {
         stream: &Bound<'_, PyAny>,
         device: Option<i64>,
         params: &Bound<'_, PyTuple>,
+        steps: u32,
     ) -> PyResult<f64> {
         if self.global_scratch.is_some() || self.profile_scratch.is_some() {
             return Err(PyValueError::new_err("_floor: the kernel needs scratch buffers"));
         }
         let drv = self.drv;
         let objs: Vec<_> = params.iter().map(|p| p.as_ptr()).collect();
+        let grid = [gx, gy, gz];
+        let dev = device_index(device);
+        let pack = |slots: &mut Slots| {
+            self.prepare(grid, stream, &objs, dev, slots)
+                .map_err(|why| PyValueError::new_err(format!("_floor: declined: {}", DECLINES[why])))
+        };
         let mut slots = Slots::new();
-        let l = self
-            .prepare([gx, gy, gz], stream, &objs, device_index(device), &mut slots)
-            .map_err(|why| PyValueError::new_err(format!("_floor: declined: {}", DECLINES[why])))?;
+        let l = pack(&mut slots)?;
         let mut err: DriverError = None;
         drv.ensure_context(l.dialect, &mut err);
+        let (context, gil, repack) = (steps & 1 != 0, steps & 2 != 0, steps & 4 != 0);
         let t0 = std::time::Instant::now();
-        slots.with_params(&mut [0, 0], |params| {
-            // SAFETY: as in `launch_packed`: no Python object is touched while the GIL is released.
-            unsafe {
-                let ts = ffi::PyEval_SaveThread();
-                for _ in 0..n {
-                    drv.launch(&l, params, &mut err);
+        if !gil && !repack {
+            slots.with_params(&mut [0, 0], |params| {
+                // SAFETY: as in `launch_packed`: no Python object is touched while the GIL is released.
+                unsafe {
+                    let ts = ffi::PyEval_SaveThread();
+                    for _ in 0..n {
+                        if context {
+                            drv.ensure_context(l.dialect, &mut err);
+                        }
+                        drv.launch(&l, params, &mut err);
+                    }
+                    ffi::PyEval_RestoreThread(ts);
                 }
-                ffi::PyEval_RestoreThread(ts);
+            });
+        } else {
+            for _ in 0..n {
+                let mut fresh = Slots::new();
+                let l = if repack { pack(&mut fresh)? } else { l.clone() };
+                let slots = if repack { &mut fresh } else { &mut slots };
+                if context {
+                    drv.ensure_context(l.dialect, &mut err);
+                }
+                slots.with_params(&mut [0, 0], |params| {
+                    // SAFETY: as in `launch_packed`.
+                    unsafe {
+                        let ts = gil.then(|| ffi::PyEval_SaveThread());
+                        drv.launch(&l, params, &mut err);
+                        if let Some(ts) = ts {
+                            ffi::PyEval_RestoreThread(ts);
+                        }
+                    }
+                });
             }
-        });
+        }
         let dt = t0.elapsed().as_secs_f64();
         match err {
             Some(msg) => Err(PyRuntimeError::new_err(msg)),
