@@ -176,6 +176,8 @@ def test_usage_errors_exit_2(args: list[str]) -> None:
         ("gpu_launch_h200.json", set()),
         # the driver-launch build: the driver floor and Inductor's static launcher as peer rows
         ("gpu_launch_h100_driver.json", {"driver floor", "inductor static run", "inductor _launch_kernel"}),
+        # and the floor with a hit's launch steps (context check, GIL hand-off, packing) per launch
+        ("gpu_launch_h200_driver.json", {"driver floor", "floor + launch steps", "inductor static run"}),
     ],
 )
 def test_launch_section_reads_a_real_gpu_result(recorded: str, expected: set[str]) -> None:
