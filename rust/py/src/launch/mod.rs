@@ -138,7 +138,11 @@ fn call_with<'py>(
 
 /// `f(arg)` with no argument tuple (`PyObject_CallFunctionObjArgs` passes its arguments on the
 /// C stack where the callee takes vectorcall).
-fn call_one<'py>(py: Python<'py>, f: &Bound<'py, PyAny>, arg: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+fn call_one<'py>(
+    py: Python<'py>,
+    f: &Bound<'py, PyAny>,
+    arg: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
     // SAFETY: two live objects and the terminating null; the result is a new reference or null
     // with an error set.
     unsafe {

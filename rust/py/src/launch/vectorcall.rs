@@ -233,7 +233,8 @@ impl KernelBase {
         };
         if is_int_grid(grid) {
             if let Ok(mut last) = last.try_lock() {
-                *last = Some(LastSubscript { launcher: l, grid: grid.clone().unbind(), f: f.clone().unbind() });
+                *last =
+                    Some(LastSubscript { launcher: l, grid: grid.clone().unbind(), f: f.clone().unbind() });
             }
         }
         Ok(f)
