@@ -204,8 +204,12 @@ impl KernelBase {
     /// Routes `self[grid]` to `launcher` (or back to `_subscript` with `None`).
     #[pyo3(signature = (launcher, /))]
     fn _set_launcher(&self, launcher: Option<Py<Launcher>>) {
-        *self.launcher.write().unwrap_or_else(std::sync::PoisonError::into_inner) = launcher;
-        *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        // The old values are dropped after the locks are released (a drop may run Python code).
+        let _old_launcher = std::mem::replace(
+            &mut *self.launcher.write().unwrap_or_else(std::sync::PoisonError::into_inner),
+            launcher,
+        );
+        let _old_last = self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
     }
 
     fn __getitem__<'py>(slf: &Bound<'py, Self>, grid: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
@@ -232,10 +236,9 @@ impl KernelBase {
             Bound::from_owned_ptr_or_err(py, ffi::PyCFunction_NewEx(bound_def(), bound.as_ptr(), null_mut()))?
         };
         if is_int_grid(grid) {
-            if let Ok(mut last) = last.try_lock() {
-                *last =
-                    Some(LastSubscript { launcher: l, grid: grid.clone().unbind(), f: f.clone().unbind() });
-            }
+            let new = LastSubscript { launcher: l, grid: grid.clone().unbind(), f: f.clone().unbind() };
+            // The one replaced is dropped after the lock is released (a drop may run Python code).
+            let _old = last.try_lock().ok().and_then(|mut last| last.replace(new));
         }
         Ok(f)
     }
@@ -257,11 +260,7 @@ impl KernelBase {
     }
 
     fn __clear__(&self) {
-        if let Ok(mut l) = self.launcher.try_write() {
-            *l = None;
-        }
-        if let Ok(mut last) = self.last.try_lock() {
-            *last = None;
-        }
+        let _launcher = self.launcher.try_write().ok().and_then(|mut l| l.take());
+        let _last = self.last.try_lock().ok().and_then(|mut last| last.take());
     }
 }
