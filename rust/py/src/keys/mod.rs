@@ -70,20 +70,9 @@ pub(crate) unsafe fn int_i128(ptr: *mut ffi::PyObject) -> Option<i128> {
     if let Some(v) = unsafe { int_i64(ptr) } {
         return Some(i128::from(v));
     }
-    let mut overflow: c_int = 0;
+    // Outside i64: only `[2**63, 2**64)` is read (a negative int raises here, and is cleared).
     // SAFETY: the contract; the error indicator is checked and cleared with the GIL held.
     unsafe {
-        let v = ffi::PyLong_AsLongLongAndOverflow(ptr, &mut overflow);
-        if overflow == 0 {
-            if v == -1 && !ffi::PyErr_Occurred().is_null() {
-                ffi::PyErr_Clear();
-                return None;
-            }
-            return Some(i128::from(v));
-        }
-        if overflow < 0 {
-            return None;
-        }
         let u = ffi::PyLong_AsUnsignedLongLong(ptr);
         if u == u64::MAX && !ffi::PyErr_Occurred().is_null() {
             ffi::PyErr_Clear();

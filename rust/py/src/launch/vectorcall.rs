@@ -157,40 +157,18 @@ pub(crate) struct KernelBase {
     last: std::sync::Mutex<Option<LastSubscript>>,
 }
 
-/// `kernel[grid]` as last made: the launcher it is bound to, the grid, the bound function.
+/// `kernel[grid]` as last made: the launcher it is bound to, the grid (a tuple of 1 to 3 exact
+/// ints), the bound function.
 struct LastSubscript {
     launcher: Py<Launcher>,
     grid: Py<PyAny>,
     f: Py<PyAny>,
 }
 
-/// Whether `a` and `b` are equal tuples of 1 to 3 exact ints (what `kernel[grid]` may reuse).
-fn same_int_grid(a: &Bound<'_, PyAny>, b: &Bound<'_, PyAny>) -> bool {
-    let (Ok(a), Ok(b)) = (a.cast_exact::<PyTuple>(), b.cast_exact::<PyTuple>()) else { return false };
-    let n = a.len();
-    if n == 0 || n > 3 || b.len() != n {
-        return false;
-    }
-    (0..n).all(|i| {
-        // SAFETY: both are exact tuples of length n > i; the items are borrowed.
-        let (x, y) = unsafe { (tuple_item(a.as_ptr(), i as isize), tuple_item(b.as_ptr(), i as isize)) };
-        x == y || {
-            let (x, y) = (borrowed_any(a.py(), x), borrowed_any(a.py(), y));
-            x.is_exact_instance_of::<PyInt>()
-                && y.is_exact_instance_of::<PyInt>()
-                && x.eq(&*y).unwrap_or(false)
-        }
-    })
-}
-
+/// Whether `g` is a tuple of 1 to 3 exact ints (what `kernel[grid]` may reuse).
 fn is_int_grid(g: &Bound<'_, PyAny>) -> bool {
     let Ok(t) = g.cast_exact::<PyTuple>() else { return false };
     (1..=3).contains(&t.len()) && t.iter().all(|x| x.is_exact_instance_of::<PyInt>())
-}
-
-fn borrowed_any<'a, 'py>(py: Python<'py>, p: *mut ffi::PyObject) -> Borrowed<'a, 'py, PyAny> {
-    // SAFETY: `p` is a live item of a tuple that outlives the borrow.
-    unsafe { Borrowed::from_ptr(py, p) }
 }
 
 #[pymethods]
@@ -223,9 +201,11 @@ impl KernelBase {
             .map(|l| l.clone_ref(py));
         let Some(l) = launcher else { return slf.call_method1(intern!(py, "_subscript"), (grid,)) };
         let last = &slf.get().last;
+        let int_grid = is_int_grid(grid);
         if let Ok(last) = last.try_lock() {
             if let Some(s) = last.as_ref() {
-                if s.launcher.is(&l) && (s.grid.is(grid) || same_int_grid(s.grid.bind(py), grid)) {
+                // Tuples of exact ints: equal exactly when their values are.
+                if s.launcher.is(&l) && (s.grid.is(grid) || int_grid && s.grid.bind(py).eq(grid)?) {
                     return Ok(s.f.clone_ref(py).into_bound(py));
                 }
             }
@@ -235,7 +215,7 @@ impl KernelBase {
         let f = unsafe {
             Bound::from_owned_ptr_or_err(py, ffi::PyCFunction_NewEx(bound_def(), bound.as_ptr(), null_mut()))?
         };
-        if is_int_grid(grid) {
+        if int_grid {
             let new = LastSubscript { launcher: l, grid: grid.clone().unbind(), f: f.clone().unbind() };
             // The one replaced is dropped after the lock is released (a drop may run Python code).
             let _old = last.try_lock().ok().and_then(|mut last| last.replace(new));
