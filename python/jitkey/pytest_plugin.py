@@ -100,6 +100,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         tr.write_line(f"  declined {n:>7} hits  {why}")
     for why, n in list(rep["unplanned_variants"].items())[:20]:
         tr.write_line(f"  no launch plan {n:>5} compiled variants  {why}")
+    for why, n in rep["kept"].items():
+        tr.write_line(f"  kept by Triton {n:>5} kernels  {why}")
     for b in rep["busiest"]:
         tr.write_line(
             f"  {b['launches']:>8} launches  {b['hits']:>8} hits  {b['misses']:>6} misses  "
