@@ -6,7 +6,10 @@ kernels stay Triton's) and prints, at the end, what the kernels' launches did: k
 misses, fallbacks by reason and the busiest kernels. With pytest-xdist the workers' numbers are summed.
 
 Options: ``--jitkey-top N`` (busiest kernels shown, default 10), ``--jitkey-report-json PATH`` (the report
-as JSON), ``--jitkey-off`` (load the plugin but leave Triton alone: a plain run with the same command line).
+as JSON), ``--jitkey-off`` (load the plugin but leave Triton alone: a plain run with the same command line),
+``--jitkey-integrations`` (also install every DSL integration whose library is installed and supported,
+:func:`jitkey.integrations.install_available`; the report then covers the DSL layer too: calls, plan replays,
+bound calls, misses, fallbacks and refused recordings by reason).
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--jitkey-top", type=int, default=10, help="busiest kernels shown in the report")
     group.addoption("--jitkey-report-json", default=None, help="write the fast-path report to this file")
     group.addoption("--jitkey-off", action="store_true", help="do not route triton.jit through jitkey")
+    group.addoption(
+        "--jitkey-integrations",
+        action="store_true",
+        help="also route the installed DSLs (Helion, FlagGems) through jitkey's DSL layer",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,10 +41,20 @@ def pytest_configure(config: pytest.Config) -> None:
     import jitkey.triton
 
     jitkey.triton.install()
+    if config.getoption("--jitkey-integrations"):
+        import jitkey.integrations
+
+        config._jitkey_integrations = jitkey.integrations.install_available()  # type: ignore[attr-defined]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if "jitkey.triton" in __import__("sys").modules:
+    import sys
+
+    if "jitkey.integrations" in sys.modules:
+        import jitkey.integrations
+
+        jitkey.integrations.uninstall_all()
+    if "jitkey.triton" in sys.modules:
         import jitkey.triton
 
         jitkey.triton.uninstall()
@@ -49,7 +67,12 @@ def _local_report(config: pytest.Config) -> dict[str, Any] | None:
         return None
     import jitkey.triton
 
-    return jitkey.triton.report(top=10_000)
+    rep = jitkey.triton.report(top=10_000)
+    if "jitkey.dsl" in sys.modules:
+        import jitkey.dsl
+
+        rep["dsl"] = jitkey.dsl.report(top=10_000)
+    return rep
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -79,6 +102,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
     top = config.getoption("--jitkey-top")
     rep = jitkey.triton.merge_reports(reports, top)
+    dsl_reports = [r["dsl"] for r in reports if r.get("dsl")]
+    if dsl_reports:
+        import jitkey.dsl
+
+        rep["dsl"] = jitkey.dsl.merge_reports(dsl_reports, top)
     path = config.getoption("--jitkey-report-json")
     if path:
         with open(path, "w", encoding="utf-8") as f:
@@ -107,3 +135,15 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             f"  {b['launches']:>8} launches  {b['hits']:>8} hits  {b['misses']:>6} misses  "
             f"{b['fallbacks']:>6} fallbacks  {b['kernel']}"
         )
+    d = rep.get("dsl")
+    if d:
+        share = d["fast_path"]
+        tr.write_line(
+            f"DSL layer: sites {d['sites']}  calls {d['calls']}  replays {d['replays']}  bound calls "
+            f"{d['bound_calls']}  misses {d['misses']} ({d['warmups']} compiled/tuned by the DSL)  fallbacks "
+            f"{d['fallbacks']}  fast path {'-' if share is None else f'{100 * share:.2f}%'} of warm calls"
+        )
+        for why, n in list(d["fallback_reasons"].items())[:20]:
+            tr.write_line(f"  fallback {n:>7}  {why}")
+        for why, n in list(d["refused"].items())[:20]:
+            tr.write_line(f"  no plan  {n:>7}  {why}")

@@ -591,6 +591,19 @@ impl Launcher {
     }
 }
 
+/// A launch step of a DSL plan (`crate::dsl`): `launch(grid, *pos, **dict(zip(kwnames, kw)))` on
+/// `launcher`, exactly as `kernel[grid](...)` runs it. `kwnames` is a tuple of str or null.
+pub(crate) fn launch_from_plan<'py>(
+    py: Python<'py>,
+    launcher: &Launcher,
+    grid: *mut ffi::PyObject,
+    pos: &[*mut ffi::PyObject],
+    kw: &[*mut ffi::PyObject],
+    kwnames: *mut ffi::PyObject,
+) -> PyResult<Bound<'py, PyAny>> {
+    launcher.run(py, &Call { grid, pos, kw_values: kw, kwnames })
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Entry>()?;
     m.add_class::<Launcher>()?;
