@@ -72,4 +72,4 @@ for name, f in [
 from jitkey.integrations import helion as jh  # noqa: E402
 
 t("Helion's own Kernel.__call__ (jitkey.triton kernels)", jh._saved[0], k, x, y)
-print({kk: v for kk, v in site.stats().items()})
+print(site.stats())

@@ -82,10 +82,31 @@ def test_defaults_and_argument_count():
 
     site = make_site(host, ["x", ("scale", dsl.exact(), 2.0)])
     x = torch.randn(4)
-    assert site.key(x) != site.key(x, 2.0)  # a call replays as made
+    # A call binds its arguments to the parameters, defaults applied, before it is keyed.
+    assert site.key(x) == site.key(x, 2.0) == site.key(x, scale=2.0) == site.key(scale=2.0, x=x)
     for _ in range(3):
-        assert torch.equal(site.call(x), x * 2.0) and torch.equal(site.call(x, 3.0), x * 3.0)
-    assert site.stats()["stale"] == 0 and site.stats()["misses"] == 2
+        assert torch.equal(site.call(x), x * 2.0) and torch.equal(site.call(x, scale=3.0), x * 3.0)
+    assert site.stats()["stale"] == 0 and site.stats()["misses"] == 2 and site.stats()["replays"] == 4
+
+
+def test_keyword_only_parameters_reach_the_dsl_by_name():
+    def host(x, *, alpha=1.0, out=None):
+        if out is None:
+            out = torch.empty_like(x)
+        torch.mul(x, alpha, out=out)
+        return out
+
+    site = make_site(host, host)
+    x = torch.randn(4)
+    o = torch.empty(4)
+    for _ in range(3):
+        assert torch.equal(site.call(x, alpha=3.0), x * 3.0)
+        assert site.call(x, alpha=2.0, out=o) is o and torch.equal(o, x * 2.0)
+    st = site.stats()
+    assert st["replays"] == 4 and st["fallbacks"] == 0
+    with pytest.raises(TypeError):
+        site.call(x, 2.0)  # keyword-only: the DSL's own path raises its TypeError
+    assert "positional" in next(iter(site.stats()["fallback_reasons"]))
 
 
 def _refused(host, *args, names=None):
@@ -141,7 +162,8 @@ def test_derived_metadata_of_made_tensors_is_folded():
 def test_fallbacks_are_counted_by_reason():
     site = make_site(host_add, ["x", "y", "alpha"])
     x, y = torch.randn(8), torch.randn(8)
-    assert torch.equal(site.call(x, y, alpha=2.0)[0], host_add(x, y, 2.0)[0])
+    with pytest.raises(TypeError):
+        site.call(x, y, 2.0, beta=1)  # an unexpected keyword: the DSL's own path raises
     assert torch.equal(site.call(x, y, object())[0] if False else x, x)
     with pytest.raises(TypeError):
         site.call(x, y, object())  # unkeyable: the DSL's own path runs (and raises as it would)
@@ -161,7 +183,7 @@ def test_fallbacks_are_counted_by_reason():
     with Mode():
         site.call(x, y, 2.0)
     reasons = site.stats()["fallback_reasons"]
-    assert reasons["keyword arguments"] == 1
+    assert reasons["arguments do not bind: an unexpected keyword argument"] == 1
     assert reasons["a tensor subclass argument"] == 1
     assert reasons["a torch function mode is active"] == 1
     assert any("alpha" in r for r in reasons)  # the unkeyable argument, named
@@ -277,3 +299,41 @@ def test_report_sums_sites():
     assert rep["sites"] == 1 and rep["replays"] == 2 and rep["fast_path"] == 1.0
     merged = dsl.merge_reports([rep, rep])
     assert merged["replays"] == 4 and merged["busiest"][0]["calls"] == 6
+
+
+def test_draws_from_torch_generators_in_python_are_refused_and_steps_replay_theirs():
+    def seeded(x):
+        seed = torch.randint(0, 2**30, (1,)).item()  # a Python value drawn from the generator: not a step
+        return x + seed
+
+    reason, _ = _refused(seeded, torch.randn(4))
+    assert "item" in reason or "random" in reason
+
+    def noisy(x):
+        return x + torch.rand(4)  # a step: replayed, it draws again
+
+    site = make_site(noisy, ["x"])
+    x = torch.zeros(4)
+    outs = [site.call(x) for _ in range(3)]
+    assert site.stats()["replays"] == 2
+    assert not torch.equal(outs[1], outs[2])
+    torch.manual_seed(7)
+    a = site.call(x)
+    torch.manual_seed(7)
+    assert torch.equal(a, noisy(x))  # the replay draws exactly what the DSL would
+
+
+def test_functions_of_constants_and_metadata_queries_are_folded():
+    def host(x, y):
+        dt = torch.promote_types(x.dtype, y.dtype)
+        rt = torch.result_type(x, y)
+        out = torch.empty(x.shape, dtype=dt)
+        torch.add(x, y, out=out)
+        return out, rt
+
+    site = make_site(host, ["x", "y"])
+    x, y = torch.randn(4).half(), torch.randn(4)
+    for _ in range(3):
+        got, ref = site.call(x, y), host(x, y)
+        assert torch.equal(got[0], ref[0]) and got[1] == ref[1] and got[0].dtype == torch.float32
+    assert site.stats()["replays"] == 2

@@ -58,7 +58,7 @@ def uninstall() -> None:
 
     integrations.uninstall_all()
     if "jitkey.triton" in sys.modules:
-        sys.modules["jitkey.triton"].uninstall()  # type: ignore[attr-defined]
+        sys.modules["jitkey.triton"].uninstall()
 
 
 __all__ = [

@@ -38,6 +38,7 @@ point with its parameters and ``bind``, and route the DSL's call to ``site.call`
 
 from __future__ import annotations
 
+import inspect
 import threading
 import types
 import weakref
@@ -47,10 +48,15 @@ from typing import Any, NamedTuple
 
 from jitkey import _deps, rules
 from jitkey._core import LruCache, Signature, _Plan, _recording, _Site
+from jitkey.errors import SignatureError
 
 __all__ = ["Bound", "Site", "exact", "merge_reports", "record", "report", "sites"]
 
 _CAPACITY = 256  # plans kept per site (an LRU)
+#: The refusal of a recording during which the DSL compiled or tuned (an adapter reports it): the next call with
+#: the same key is recorded again.
+TRANSIENT_COMPILE = "the DSL compiled or tuned during the call"
+_TRANSIENT = frozenset({TRANSIENT_COMPILE})
 
 
 def exact() -> rules.ByTypeRule:
@@ -100,7 +106,7 @@ _COVERED = frozenset(
         "shape", "size", "stride", "dim", "ndim", "ndimension", "numel", "nelement", "dtype", "device",
         "is_cuda", "is_cpu", "is_meta", "is_xpu", "is_mps", "get_device", "is_contiguous",
         "is_floating_point", "is_complex", "is_signed", "element_size", "itemsize", "nbytes", "layout",
-        "is_sparse", "is_quantized", "__len__",
+        "is_sparse", "is_quantized", "__len__", "result_type", "is_tensor", "can_cast", "promote_types",
     }
 )  # fmt: skip
 #: Metadata of tensors the call made itself, fixed by the key too.
@@ -233,6 +239,30 @@ class _Recorder:
 
     def start(self) -> None:
         self.device, self.stream = self._place()
+        self.rng = self._rng()
+
+    def _rng(self) -> Any:
+        """What a draw from torch's generators changes: the CUDA generator's seed and offset on the current
+        device, the CPU generator's state."""
+        torch = self.torch
+        cuda = None
+        self.depth += 1  # the recorder's own reads are not the call's
+        try:
+            if self.device is not None:
+                g = torch.cuda.default_generators[self.device]
+                cuda = (g.initial_seed(), g.get_offset())
+            return cuda, bytes(torch.default_generator.get_state().numpy())
+        finally:
+            self.depth -= 1
+
+    def check_rng(self) -> None:
+        """A call that draws from torch's generators outside a replayed step (e.g. to compute a seed and an
+        offset in Python) would replay its draw as a constant (a step's own draws are made again)."""
+        if self._rng() != self.rng:
+            self.refuse("draws from torch's random number generators in Python")
+
+    def sync_rng(self) -> None:
+        self.rng = self._rng()
 
     def check_place(self) -> None:
         """A launch must run where the call started (a plan does not switch devices or streams)."""
@@ -244,31 +274,37 @@ class _Recorder:
         if self.depth or self.problem is not None or threading.get_ident() != self.thread:
             return func(*args, **kwargs)
         name = _func_name(func)
+        self.check_rng()
         self.depth += 1
         try:
             result = func(*args, **kwargs)
         finally:
             self.depth -= 1
+            self.sync_rng()
         if name in _DATA:
             self.refuse(f"reads `{name}` of a tensor into Python")
         elif name in _DATA_SHAPED or (name == "__getitem__" and self._bool_index(args)):
             self.refuse(f"`{name}`: its output shape depends on the data")
         elif not _has_tensor(result) and name in _DERIVED:
-            recv = args[0] if args else None
-            ref = self.refs.get(id(recv))
-            if ref is None or ref[1] is not recv:
-                self.refuse(f"reads `{name}` of a tensor the call neither received nor made")
-            elif id(recv) in self.inputs and name not in _COVERED:
-                self.refuse(f"reads `{name}` of an argument, which the key does not hold")
+            for t in args:
+                if not isinstance(t, self.torch.Tensor):
+                    continue
+                ref = self.refs.get(id(t))
+                if ref is None or ref[1] is not t:
+                    self.refuse(f"reads `{name}` of a tensor the call neither received nor made")
+                elif id(t) in self.inputs and name not in _COVERED:
+                    self.refuse(f"reads `{name}` of an argument, which the key does not hold")
             # else: folded (the value is fixed by the key)
         elif result is not None and not _has_tensor(result):
-            self.refuse(f"`{name}` returned a {type(result).__name__}, which a replay cannot fold")
+            if not all(self.src(a)[0] == "c" for a in (*args, *kwargs.values())):
+                self.refuse(f"`{name}` returned a {type(result).__name__}, which a replay cannot fold")
+            # else: a function of constants only (torch.promote_types, ...): folded
         else:
             self.step("call", func, args, kwargs, result)
         return result
 
     def _bool_index(self, args: tuple[Any, ...]) -> bool:
-        idx = args[1] if len(args) > 1 else None
+        idx: Any = args[1] if len(args) > 1 else None
         items = idx if type(idx) in (tuple, list) else (idx,)
         torch = self.torch
         return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in items)
@@ -282,7 +318,7 @@ def _mode_class() -> type:
             super().__init__()
             self.rec = rec
 
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_function__(self, func, types, args=(), kwargs=None):
             return self.rec.torch_function(func, args, kwargs or {})
 
     return _RecordingMode
@@ -301,11 +337,13 @@ def _on_launch(launcher: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str
         rec.refuse("a callable launch grid")
         return None
     rec.check_place()
+    rec.check_rng()
     rec.step("launch", launcher, (grid, *args), kwargs, None)
     rec.depth += 1
 
     def end() -> None:
         rec.depth -= 1
+        rec.sync_rng()
 
     return end
 
@@ -315,11 +353,13 @@ def _on_site(site: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     rec = _current()
     if rec is None or rec.depth or rec.problem is not None or threading.get_ident() != rec.thread:
         return site._run(args, kwargs)
+    rec.check_rng()
     rec.depth += 1
     try:
         result = site._run(args, kwargs)
     finally:
         rec.depth -= 1
+        rec.sync_rng()
     rec.step("call", site.call, args, kwargs, result)
     return result
 
@@ -365,7 +405,7 @@ def _patch_interpreter() -> None:
             return result
 
         run.__wrapped__ = orig  # type: ignore[attr-defined]
-        InterpretedFunction.run = run  # type: ignore[method-assign]
+        InterpretedFunction.run = run
         _interp_patched = True
 
 
@@ -385,9 +425,14 @@ def _launch_hooks() -> tuple[Any, str | None]:
 
 
 def record(
-    call: Callable[..., Any], args: tuple[Any, ...], guard: tuple[Any, str] | None = None
+    call: Callable[..., Any],
+    args: tuple[Any, ...],
+    guard: tuple[Any, str] | None = None,
+    npos: int | None = None,
+    kwonly: tuple[str, ...] = (),
 ) -> tuple[Any, Any, str | None]:
-    """Run ``call(*args)`` once, recorded: ``(result, plan or None, why not)``. The result is the call's own."""
+    """Run ``call(*args)`` once, recorded: ``(result, plan or None, why not)``. The result is the call's own.
+    With ``kwonly``, the last ``len(kwonly)`` arguments are passed by those names."""
     global _MODE
     if _MODE is None:
         _MODE = _mode_class()
@@ -401,14 +446,17 @@ def record(
     _recording(1, _on_launch, _on_site)
     if chain is not None:
         chain.add(_on_enter)
+    npos = len(args) if npos is None else npos
     try:
         with _MODE(rec):
-            result = call(*args)
+            result = call(*args[:npos], **dict(zip(kwonly, args[npos:], strict=True)))
     finally:
         if chain is not None:
             chain.remove(_on_enter)
         _recording(-1)
         _tls.rec = prev
+    if rec.problem is None:
+        rec.check_rng()
     if rec.problem is None:
         ret = rec.src(result)
     if rec.problem is not None:
@@ -431,13 +479,13 @@ def _default_checks() -> list[tuple[Callable[[], Any], str]]:
     ]
 
 
-def _default_state() -> tuple[Callable[[], Any], ...]:
-    """torch's grad and inference modes, and (with CUDA) the current device: a DSL may decide on them in
-    Python (a device it switches to is where its launches went)."""
+def _default_state(device: bool) -> tuple[Callable[[], Any], ...]:
+    """torch's grad and inference modes, and (``device``, with CUDA) the current device: a DSL may decide on
+    them in Python (a device it switches to is where its launches went)."""
     import torch
 
     fns: tuple[Callable[[], Any], ...] = (torch.is_grad_enabled, torch.is_inference_mode_enabled)
-    if torch.cuda.is_available():
+    if device and torch.cuda.is_available():
         fns += (torch._C._cuda_getDevice,)
     return fns
 
@@ -453,10 +501,13 @@ class Site:
 
     Args:
         name: shown in reports.
-        params: the entry point's parameters: names (each keyed by :func:`exact`), ``(name, rule[,
-            default])`` tuples, or a ready :class:`jitkey.Signature`. Calls bind positionally.
-        bind: ``bind(args) -> Bound | None``: the DSL's bound call for these arguments, or ``None`` when the
-            DSL is not ready to name one (e.g. the first call compiles or autotunes: ``fallback`` runs it).
+        params: the entry point's parameters: the DSL function itself or its ``inspect.Signature`` (every
+            parameter keyed by :func:`exact`, defaults and keyword-only parameters as declared), names, ``(name,
+            rule[, default])`` tuples, or a ready :class:`jitkey.Signature`. A call's positional and keyword
+            arguments are bound to the parameters natively (defaults applied) before it is keyed.
+        bind: ``bind(args) -> Bound | None``: the DSL's bound call for these arguments (all parameters, in
+            order; keyword-only ones are passed to the bound call by name), or ``None`` when the DSL is not
+            ready to name one (e.g. the first call compiles or autotunes: ``fallback`` runs it).
         fallback: ``fallback(*args, **kwargs)``: the DSL's whole own path, for calls the site does not handle.
         state: callables whose results (keyable values) are folded into every key: the DSL's settings and
             environment that its decisions read. torch's grad and inference modes are always added.
@@ -464,6 +515,9 @@ class Site:
             (counted with ``reason``). Default: no torch function or dispatch mode is active.
         record: ``False``: never record, cache the bound call only (for a DSL whose per-call work cannot be
             replayed).
+        device: key the current CUDA device (default). A DSL whose per-call Python never looks at the current
+            device (it allocates and launches by its arguments' devices; jitkey's launches key the device
+            themselves) passes ``False`` and saves the read.
         capacity: plans kept (least recently used dropped).
 
     ``site.call`` (a native builtin) is the per-call entry: ``site.call(*args)`` is the DSL call.
@@ -472,23 +526,21 @@ class Site:
     def __init__(
         self,
         name: str,
-        params: Sequence[str | rules.Param] | Signature,
+        params: Sequence[str | rules.Param] | Signature | inspect.Signature | Callable[..., Any],
         bind: Callable[[tuple[Any, ...]], Bound | None],
         *,
         fallback: Callable[..., Any],
         state: Sequence[Callable[[], Any]] = (),
         checks: Sequence[tuple[Callable[[], Any], str]] | None = None,
         record: bool = True,
+        device: bool = True,
         capacity: int = _CAPACITY,
     ) -> None:
         _deps.require("torch", "jitkey.dsl.Site")
-        if isinstance(params, Signature):
-            sig = params
-        else:
-            rule = exact()
-            sig = Signature([(p, rule) if isinstance(p, str) else p for p in params])
+        sig, self.kwonly = _signature(params)
         self.name = name
         self.signature = sig
+        self.npos = len(sig) - len(self.kwonly)
         self._bind = bind
         self._dsl = fallback
         self._record = record
@@ -496,7 +548,7 @@ class Site:
         self.refused: Counter[str] = Counter()
         self.warmups = 0
         self._stats_lock = threading.Lock()
-        all_state = (*_default_state(), *state)
+        all_state = (*_default_state(device), *state)
         self._native = _Site(
             sig,
             LruCache(capacity),
@@ -504,6 +556,7 @@ class Site:
             self._fallback,
             _default_checks() if checks is None else list(checks),
             all_state,
+            self.npos,
         )
         #: The per-call entry point (a native builtin).
         self.call: Callable[..., Any] = self._native.call
@@ -516,13 +569,13 @@ class Site:
     def __repr__(self) -> str:
         return f"<jitkey.dsl.Site {self.name}>"
 
-    def key(self, *args: Any) -> bytes:
-        """The key a call with ``args`` uses (raises where such a call falls back)."""
-        return bytes(self._native.key(args))
+    def key(self, *args: Any, **kwargs: Any) -> bytes:
+        """The key a call with these arguments uses (raises where such a call falls back)."""
+        return bytes(self._native.key(args, kwargs))
 
-    def plan(self, *args: Any) -> Any:
-        """The plan cached for a call with ``args`` (``None``: none yet), without running it."""
-        return self._native.lookup(args)
+    def plan(self, *args: Any, **kwargs: Any) -> Any:
+        """The plan cached for a call with these arguments (``None``: none yet), without running it."""
+        return self._native.lookup(args, kwargs)
 
     def clear(self) -> None:
         """Forget every plan (the DSL dropped its caches)."""
@@ -530,21 +583,27 @@ class Site:
 
     # -- the Python side of a call ---------------------------------------------------------------
     def _miss(self, args: tuple[Any, ...]) -> tuple[Any, Any]:
+        """A miss: ``args`` are bound to every parameter (defaults applied), in order."""
         b = self._bind(args)
         if b is None:
             with self._stats_lock:
                 self.warmups += 1
-            return self._dsl(*args), None
-        guard = b.guard
-        if self._record:
-            result, plan, why = record(b.call, args, guard)
-            if plan is not None:
-                return result, plan
-            with self._stats_lock:
-                self.refused[str(why)] += 1
-        else:
-            result = b.call(*args)
-        return result, _bound_plan(b, len(args))
+            return self._invoke(self._dsl, args), None
+        if not self._record:
+            return self._invoke(b.call, args), _bound_plan(b, args, self.kwonly)
+        result, plan, why = record(b.call, args, b.guard, self.npos, self.kwonly)
+        if plan is not None:
+            return result, plan
+        with self._stats_lock:
+            self.refused[str(why)] += 1
+        if why in _TRANSIENT:  # the DSL compiled or tuned during the call: record the next one
+            return result, None
+        return result, _bound_plan(b, args, self.kwonly)
+
+    def _invoke(self, f: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        if self.kwonly:
+            return f(*args[: self.npos], **dict(zip(self.kwonly, args[self.npos :], strict=True)))
+        return f(*args)
 
     def _fallback(self, reason: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         why = str(reason) if isinstance(reason, str) else f"{type(reason).__name__}: {reason}"
@@ -579,10 +638,35 @@ class Site:
         }
 
 
-def _bound_plan(b: Bound, nargs: int) -> Any:
+def _bound_plan(b: Bound, args: tuple[Any, ...], kwonly: tuple[str, ...]) -> Any:
     """A one-step plan: the DSL's bound call with the call's arguments, under the bound object's guard."""
     g = None if b.guard is None else (b.guard[0], b.guard[1], b.call)
-    return _Plan(nargs, [("call", b.call, [("a", i) for i in range(nargs)], None)], ("s", 0), g, bound=True)
+    step = ("call", b.call, [("a", i) for i in range(len(args))], kwonly or None)
+    return _Plan(len(args), [step], ("s", 0), g, bound=True)
+
+
+def _signature(
+    params: Sequence[str | rules.Param] | Signature | inspect.Signature | Callable[..., Any],
+) -> tuple[Signature, tuple[str, ...]]:
+    """The site's :class:`jitkey.Signature` and its keyword-only parameter names (which come last)."""
+    if isinstance(params, Signature):
+        return params, ()
+    if isinstance(params, inspect.Signature) or callable(params):
+        psig = params if isinstance(params, inspect.Signature) else inspect.signature(params)
+        rule = exact()
+        plist: list[Any] = []
+        kwonly: list[str] = []
+        for p in psig.parameters.values():
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise SignatureError(f"jitkey.dsl.Site: parameter {p.name!r} is variadic")
+            if p.kind is p.KEYWORD_ONLY:
+                kwonly.append(p.name)
+            elif kwonly:
+                raise SignatureError("jitkey.dsl.Site: keyword-only parameters must come last")
+            plist.append((p.name, rule) if p.default is p.empty else (p.name, rule, p.default))
+        return Signature(plist), tuple(kwonly)
+    rule = exact()
+    return Signature([(p, rule) if isinstance(p, str) else p for p in params]), ()
 
 
 def sites() -> list[Site]:

@@ -18,7 +18,7 @@ from typing import Any
 from jitkey.errors import UnsupportedVersionError
 
 #: Adapter name → module.
-ADAPTERS = {"helion": "jitkey.integrations.helion"}
+ADAPTERS = {"helion": "jitkey.integrations.helion", "flag_gems": "jitkey.integrations.flag_gems"}
 
 __all__ = ["ADAPTERS", "adapter", "install_available", "status", "uninstall_all"]
 
@@ -70,7 +70,7 @@ def status() -> dict[str, dict[str, Any]]:
 
 def install_available() -> dict[str, str | None]:
     """Install every adapter whose library is installed in a supported version: name → None (installed) or
-    why not. Never raises for a missing or unsupported library."""
+    why not. Never raises: a missing, unsupported or failing library is reported, and left as it is."""
     out: dict[str, str | None] = {}
     for name, st in status().items():
         if st["installed"]:
@@ -82,7 +82,7 @@ def install_available() -> dict[str, str | None]:
         try:
             adapter(name).install()
             out[name] = None
-        except (ImportError, UnsupportedVersionError) as exc:
+        except Exception as exc:  # e.g. a library that cannot import here (FlagGems without a GPU)
             out[name] = f"{type(exc).__name__}: {exc}"
     return out
 

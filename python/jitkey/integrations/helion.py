@@ -15,8 +15,9 @@
 Kernels it leaves to Helion (counted in :func:`report` under ``declined``): a backend other than Triton,
 ``static_shapes=False`` (``torch._dynamo.mark_static`` on an argument changes Helion's key there and is not in
 jitkey's), a ``key=`` function, distributed kernels and ref mode. Calls it leaves to Helion (counted as
-fallbacks): keyword arguments, an initialized ``torch.distributed`` (symmetric-memory tensors change Helion's
-key), active torch modes. Helion's launches become jitkey launches only where ``triton.jit`` is routed
+fallbacks): arguments the exact key cannot hold (functions, graph modules), an initialized
+``torch.distributed`` (symmetric-memory tensors change Helion's key), active torch modes. Keyword arguments
+and defaults are bound natively, as Helion's ``normalize_args`` binds them. Helion's launches become jitkey launches only where ``triton.jit`` is routed
 (:func:`jitkey.triton.install`, which :func:`install` turns on).
 
 Supported: Helion 1.4.0 (``SUPPORTED``).
@@ -117,13 +118,13 @@ def _make(kernel: Any) -> _SiteRef:
                 return None
             return dsl.Bound(run, (bk, "_run"))
 
-        names = list(kernel.signature.parameters)
         site = dsl.Site(
             f"helion:{kernel.name}",
-            names,
+            kernel.signature,
             bind,
             fallback=functools.partial(orig_call, kernel),
             checks=_checks(),
+            device=False,  # Helion's host code allocates and launches by its tensors' devices
         )
         ref = _SiteRef(site)
     kernel._jk_call = ref
@@ -164,8 +165,8 @@ def install() -> None:
         jitkey.triton.install()
         _saved = (Kernel.__call__, Kernel.reset, Kernel.__dict__.get("_jk_call"))
         Kernel._jk_call = _UNSET
-        Kernel.__call__ = _call  # type: ignore[method-assign]
-        Kernel.reset = _reset  # type: ignore[method-assign]
+        Kernel.__call__ = _call
+        Kernel.reset = _reset
 
 
 def uninstall() -> None:
@@ -177,7 +178,7 @@ def uninstall() -> None:
     with _lock:
         if _saved is None:
             return
-        Kernel.__call__, Kernel.reset = _saved[0], _saved[1]  # type: ignore[method-assign]
+        Kernel.__call__, Kernel.reset = _saved[0], _saved[1]
         del Kernel._jk_call
         _saved = None
 

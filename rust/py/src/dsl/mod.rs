@@ -62,7 +62,12 @@ pub(crate) fn on_site<'py>(
 /// the first call sets the callbacks. Returns the number of recordings in progress.
 #[pyfunction]
 #[pyo3(signature = (delta, on_launch = None, on_site = None, /))]
-fn _recording(py: Python<'_>, delta: isize, on_launch: Option<Py<PyAny>>, on_site: Option<Py<PyAny>>) -> PyResult<usize> {
+fn _recording(
+    py: Python<'_>,
+    delta: isize,
+    on_launch: Option<Py<PyAny>>,
+    on_site: Option<Py<PyAny>>,
+) -> PyResult<usize> {
     if let Some(f) = on_launch {
         let _ = ON_LAUNCH.set(py, f);
     }
@@ -76,7 +81,8 @@ fn _recording(py: Python<'_>, delta: isize, on_launch: Option<Py<PyAny>>, on_sit
         RECORDING.fetch_add(delta as usize, Ordering::Relaxed) + delta as usize
     } else {
         let d = delta.unsigned_abs();
-        let prev = RECORDING.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(d)));
+        let prev =
+            RECORDING.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(d)));
         prev.unwrap_or(0).saturating_sub(d)
     })
 }

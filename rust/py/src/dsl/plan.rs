@@ -16,7 +16,7 @@ use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::types::{PyDict, PyString, PyTuple};
 
 use crate::keys::tuple_fill;
-use crate::launch::{launch_from_plan, Launcher};
+use crate::launch::{launch_from_plan, CompiledLaunch, Launcher};
 
 /// Where a step's argument (or the result) comes from.
 pub(super) enum Src {
@@ -40,6 +40,10 @@ enum Target {
     Call(Py<PyAny>),
     /// A jitkey Triton launcher, run natively: `launch(grid, *args, **kw)`.
     Launch(Py<Launcher>),
+    /// A compiled kernel as a library launches it from its cache: the first `nfast` arguments are the
+    /// grid and the kernel's parameters; when the launch is declined, `fallback` is called with the
+    /// rest (the library's own launch call for this step).
+    Compiled { launch: Py<CompiledLaunch>, nfast: usize, fallback: Py<PyAny> },
 }
 
 struct Step {
@@ -195,7 +199,11 @@ impl Plan {
     }
 
     /// Runs the steps over `args` (live objects, `nargs` of them) and returns the result.
-    pub(super) fn replay<'py>(&self, py: Python<'py>, args: &[*mut ffi::PyObject]) -> PyResult<Bound<'py, PyAny>> {
+    pub(super) fn replay<'py>(
+        &self,
+        py: Python<'py>,
+        args: &[*mut ffi::PyObject],
+    ) -> PyResult<Bound<'py, PyAny>> {
         if args.len() != self.nargs {
             return Err(PyTypeError::new_err(format!(
                 "_Plan: recorded for {} arguments, got {}",
@@ -221,6 +229,18 @@ impl Plan {
                     launch_from_plan(py, l.get(), ptrs[0], &ptrs[1..npos], &ptrs[npos..], kw)?
                 }
                 Target::Call(f) => call(py, f.bind(py), &ptrs[..npos], step.kwnames.as_ref(), &ptrs[npos..])?,
+                Target::Compiled { launch, nfast, fallback } => {
+                    match launch.get().launch(py, ptrs[0], &ptrs[1..*nfast])? {
+                        Some(out) => out,
+                        None => call(
+                            py,
+                            fallback.bind(py),
+                            &ptrs[*nfast..npos],
+                            step.kwnames.as_ref(),
+                            &ptrs[npos..],
+                        )?,
+                    }
+                }
             };
             drop(held);
             slots.push(out.as_ptr());
@@ -272,8 +292,10 @@ fn call<'py>(
 #[pymethods]
 impl Plan {
     /// `_Plan(nargs, steps, ret, guard=None, /)`: ``steps`` is a sequence of ``(kind, target, args,
-    /// kwnames)`` with ``kind`` ``"call"`` (``target(*args, **kw)``) or ``"launch"`` (``target`` a
-    /// ``_TritonLauncher``, ``args[0]`` the grid); ``args`` and ``ret`` are sources: ``("a", i)``,
+    /// kwnames)`` with ``kind`` ``"call"`` (``target(*args, **kw)``), ``"launch"`` (``target`` a
+    /// ``_TritonLauncher``, ``args[0]`` the grid) or ``"compiled"`` (``target`` is ``(launch, nfast,
+    /// fallback)``: a ``_CompiledLaunch`` run with ``args[0]`` the grid and ``args[1:nfast]`` the
+    /// parameters, or ``fallback(*args[nfast:], **kw)`` when it declines); ``args`` and ``ret`` are sources: ``("a", i)``,
     /// ``("a", i, path)``, ``("s", j)``, ``("s", j, k)``, ``("c", value)``, ``("t", srcs)``,
     /// ``("l", srcs)``; ``kwnames`` names the last arguments (or is None). ``guard`` is
     /// ``(owner, name, value)``. ``bound``: the plan is one call of the DSL's bound call (counted
@@ -291,9 +313,14 @@ impl Plan {
         let mut out = Vec::new();
         for (j, s) in steps.try_iter()?.enumerate() {
             let s = s?;
-            let (kind, target, args, kwnames): (String, Bound<'_, PyAny>, Bound<'_, PyAny>, Option<Bound<'_, PyTuple>>) =
-                s.extract()?;
-            let args: Box<[Src]> = args.try_iter()?.map(|a| parse_src(&a?, nargs, j)).collect::<PyResult<_>>()?;
+            let (kind, target, args, kwnames): (
+                String,
+                Bound<'_, PyAny>,
+                Bound<'_, PyAny>,
+                Option<Bound<'_, PyTuple>>,
+            ) = s.extract()?;
+            let args: Box<[Src]> =
+                args.try_iter()?.map(|a| parse_src(&a?, nargs, j)).collect::<PyResult<_>>()?;
             let nkw = kwnames.as_ref().map_or(0, |k| k.len());
             if nkw > args.len() {
                 return Err(spec_err("more keyword names than arguments"));
@@ -305,8 +332,22 @@ impl Plan {
                         return Err(spec_err("a launch step needs the grid as its first argument"));
                     }
                     Target::Launch(
-                        target.cast_into::<Launcher>().map_err(|_| spec_err("a launch target is a _TritonLauncher"))?.unbind(),
+                        target
+                            .cast_into::<Launcher>()
+                            .map_err(|_| spec_err("a launch target is a _TritonLauncher"))?
+                            .unbind(),
                     )
+                }
+                "compiled" => {
+                    let (launch, nfast, fallback): (Bound<'_, PyAny>, usize, Py<PyAny>) = target.extract()?;
+                    if nfast == 0 || nfast + nkw > args.len() {
+                        return Err(spec_err("a compiled step needs the grid and its parameters first"));
+                    }
+                    let launch = launch
+                        .cast_into::<CompiledLaunch>()
+                        .map_err(|_| spec_err("a compiled step launches a _CompiledLaunch"))?
+                        .unbind();
+                    Target::Compiled { launch, nfast, fallback }
                 }
                 other => return Err(spec_err(format!("unknown step kind {other:?}"))),
             };
@@ -314,7 +355,8 @@ impl Plan {
         }
         let nsteps = out.len();
         let ret = parse_src(ret, nargs, nsteps)?;
-        let guard = guard.map(|(o, n, v)| (o, PyString::intern(py, n.to_str().unwrap_or_default()).unbind(), v));
+        let guard =
+            guard.map(|(o, n, v)| (o, PyString::intern(py, n.to_str().unwrap_or_default()).unbind(), v));
         Ok(Self { steps: out.into_boxed_slice(), ret, guard, nargs, bound })
     }
 
@@ -338,6 +380,7 @@ impl Plan {
             let (kind, target) = match &s.target {
                 Target::Call(f) => ("call", f.bind(py).clone()),
                 Target::Launch(l) => ("launch", l.bind(py).clone().into_any()),
+                Target::Compiled { launch, .. } => ("compiled", launch.bind(py).clone().into_any()),
             };
             out.append((kind, target))?;
         }
@@ -368,6 +411,10 @@ impl Plan {
             match &step.target {
                 Target::Call(f) => visit.call(f)?,
                 Target::Launch(l) => visit.call(l)?,
+                Target::Compiled { launch, fallback, .. } => {
+                    visit.call(launch)?;
+                    visit.call(fallback)?;
+                }
             }
             if let Some(k) = &step.kwnames {
                 visit.call(k)?;

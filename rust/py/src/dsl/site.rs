@@ -33,9 +33,30 @@ pub(crate) struct Site {
     /// Callables whose results are folded into every key: the DSL's settings and environment its
     /// decisions read, and torch's modes.
     state: Vec<Py<PyAny>>,
+    /// The parameter names (interned), and how many may be passed by position (the rest are keyword-only).
+    names: Vec<Py<PyString>>,
+    npos: usize,
     replays: AtomicU64,
     bound_calls: AtomicU64,
     stale: AtomicU64,
+}
+
+/// The call's arguments bound to the site's parameters (borrowed pointers: the call's arguments and
+/// the signature's defaults, alive for the call).
+struct Slots {
+    stack: [*mut ffi::PyObject; 16],
+    heap: Vec<*mut ffi::PyObject>,
+    n: usize,
+}
+
+impl Slots {
+    fn get(&self) -> &[*mut ffi::PyObject] {
+        if self.n <= self.stack.len() {
+            &self.stack[..self.n]
+        } else {
+            &self.heap
+        }
+    }
 }
 
 enum Leave {
@@ -68,29 +89,77 @@ fn borrowed<'a, 'py>(py: Python<'py>, p: *mut ffi::PyObject) -> Borrowed<'a, 'py
 }
 
 impl Site {
-    fn encode(&self, py: Python<'_>, args: &[*mut ffi::PyObject], enc: &mut jitkey_core::key::Encoder) -> Result<(), Leave> {
+    /// Binds positional and keyword arguments to the parameters (defaults applied); `Err` says why
+    /// they do not bind (the DSL's own path then raises its error).
+    fn bind(
+        &self,
+        py: Python<'_>,
+        args: &[*mut ffi::PyObject],
+        kw: Option<(&[*mut ffi::PyObject], *mut ffi::PyObject)>,
+        out: &mut Slots,
+    ) -> Result<(), String> {
         let sig = self.sig.get();
-        let (required, total) = (sig.required(), sig.len());
-        if args.len() < required || args.len() > total {
-            let why = format!("{} positional arguments where the site takes {required} to {total}", args.len());
-            return Err(Leave::Fallback(PyString::new(py, &why).into_any().unbind()));
+        let n = self.names.len();
+        if args.len() > self.npos {
+            return Err(format!("{} positional arguments where the site takes {}", args.len(), self.npos));
         }
+        out.n = n;
+        let slots: &mut [*mut ffi::PyObject] = if n <= out.stack.len() {
+            &mut out.stack[..n]
+        } else {
+            out.heap.resize(n, std::ptr::null_mut());
+            &mut out.heap
+        };
+        slots[..args.len()].copy_from_slice(args);
+        if let Some((values, names)) = kw {
+            for (i, &v) in values.iter().enumerate() {
+                // SAFETY: `names` is the call's kwnames tuple, one str per value.
+                let k = unsafe { tuple_item(names, i as ffi::Py_ssize_t) };
+                let j = self.names.iter().position(|name| name.as_ptr() == k).or_else(|| {
+                    let key = borrowed(py, k);
+                    let key = key.cast::<PyString>().ok()?;
+                    let key = key.to_str().ok()?;
+                    sig.param_names().iter().position(|name| name == key)
+                });
+                match j {
+                    Some(j) if !slots[j].is_null() => {
+                        return Err(format!("multiple values for argument '{}'", sig.param_names()[j]))
+                    }
+                    Some(j) => slots[j] = v,
+                    None => return Err("an unexpected keyword argument".to_owned()),
+                }
+            }
+        }
+        for (i, slot) in slots.iter_mut().enumerate() {
+            if slot.is_null() {
+                match sig.default_of(i) {
+                    Some(d) => *slot = d.as_ptr(),
+                    None => return Err(format!("missing a required argument: '{}'", sig.param_names()[i])),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the key of a call whose arguments are bound to every parameter (`args`).
+    fn encode(
+        &self,
+        py: Python<'_>,
+        args: &[*mut ffi::PyObject],
+        enc: &mut jitkey_core::key::Encoder,
+    ) -> Result<(), Leave> {
+        let sig = self.sig.get();
         sig.encode_header(enc);
-        // How many were passed: a plan replays the call as made (defaults the DSL applies included).
-        enc.raw(&(args.len() as u32).to_le_bytes());
         crate::torch::take_subclass_seen();
-        for i in 0..total {
-            let r = if i < args.len() {
-                sig.encode_param(i, &borrowed(py, args[i]), enc)
-            } else {
-                let d = sig.default_of(i).expect("positions past `required` have defaults");
-                sig.encode_param(i, d.bind(py), enc)
-            };
-            r.map_err(|e| Leave::Fallback(e.into_value(py).into_any()))?;
+        for (i, &a) in args.iter().enumerate() {
+            sig.encode_param(i, &borrowed(py, a), enc)
+                .map_err(|e| Leave::Fallback(e.into_value(py).into_any()))?;
         }
         if crate::torch::take_subclass_seen() {
             // A subclass's __torch_function__ may change what the DSL does: its own path decides.
-            return Err(Leave::Fallback(pyo3::intern!(py, "a tensor subclass argument").clone().into_any().unbind()));
+            return Err(Leave::Fallback(
+                pyo3::intern!(py, "a tensor subclass argument").clone().into_any().unbind(),
+            ));
         }
         enc.tuple_header(self.state.len()).map_err(|e| Leave::Raise(PyTypeError::new_err(e.to_string())))?;
         for state in &self.state {
@@ -172,17 +241,19 @@ impl Site {
                 return Ok(out);
             }
         }
-        if kw.is_some_and(|(v, _)| !v.is_empty()) {
-            let why = pyo3::intern!(py, "keyword arguments").clone().into_any().unbind();
-            return self.leave(py, Leave::Fallback(why), args, kw);
-        }
         for (check, reason) in &self.checks {
             if check.bind(py).call0()?.is_truthy()? {
-                return self.leave(py, Leave::Fallback(reason.clone_ref(py).into_any()), args, None);
+                return self.leave(py, Leave::Fallback(reason.clone_ref(py).into_any()), args, kw);
             }
         }
+        let mut slots = Slots { stack: [std::ptr::null_mut(); 16], heap: Vec::new(), n: 0 };
+        if let Err(msg) = self.bind(py, args, kw, &mut slots) {
+            let why = PyString::new(py, &format!("arguments do not bind: {msg}")).into_any().unbind();
+            return self.leave(py, Leave::Fallback(why), args, kw);
+        }
+        let full = slots.get();
         let probe = with_encoder(|enc| -> Result<_, Leave> {
-            self.encode(py, args, enc)?;
+            self.encode(py, full, enc)?;
             let key = enc.as_bytes();
             let h = fast_hash_state().hash(key);
             Ok(match self.cache.get().get_encoded(py, h, key) {
@@ -191,30 +262,31 @@ impl Site {
             })
         });
         let (h, key) = match probe {
-            Err(why) => return self.leave(py, why, args, None),
+            Err(why) => return self.leave(py, why, args, kw),
             Ok(Ok(v)) => {
                 if let Ok(plan) = v.cast::<Plan>() {
                     let plan = plan.get();
-                    if plan.nargs() == args.len() && plan.holds(py)? {
+                    if plan.nargs() == full.len() && plan.holds(py)? {
                         let n = if plan.is_bound() { &self.bound_calls } else { &self.replays };
                         n.fetch_add(1, Ordering::Relaxed);
-                        return plan.replay(py, args);
+                        return plan.replay(py, full);
                     }
                     self.stale.fetch_add(1, Ordering::Relaxed);
                     // Recorded from what the DSL no longer uses: the DSL's path again, re-recorded.
-                    let key = with_encoder(|enc| self.encode(py, args, enc).map(|()| enc.as_bytes().to_vec()));
+                    let key =
+                        with_encoder(|enc| self.encode(py, full, enc).map(|()| enc.as_bytes().to_vec()));
                     let key = match key {
                         Ok(k) => k,
-                        Err(why) => return self.leave(py, why, args, None),
+                        Err(why) => return self.leave(py, why, args, kw),
                     };
                     (fast_hash_state().hash(&key), key)
                 } else {
-                    return call_args(py, &v, args);
+                    return call_args(py, &v, full);
                 }
             }
             Ok(Err(miss)) => miss,
         };
-        let out = self.miss.bind(py).call1((Self::args_tuple(py, args)?,))?;
+        let out = self.miss.bind(py).call1((Self::args_tuple(py, full)?,))?;
         let (ret, value): (Bound<'py, PyAny>, Bound<'py, PyAny>) = out.extract()?;
         if !value.is_none() {
             self.cache.get().insert_encoded(h, &key, value.unbind());
@@ -224,7 +296,11 @@ impl Site {
 }
 
 /// `f(*args)` with the argument tuple filled in place.
-fn call_args<'py>(py: Python<'py>, f: &Bound<'py, PyAny>, args: &[*mut ffi::PyObject]) -> PyResult<Bound<'py, PyAny>> {
+fn call_args<'py>(
+    py: Python<'py>,
+    f: &Bound<'py, PyAny>,
+    args: &[*mut ffi::PyObject],
+) -> PyResult<Bound<'py, PyAny>> {
     // SAFETY: a new tuple filled once per slot with new references to live objects.
     unsafe {
         let t = ffi::PyTuple_New(args.len() as ffi::Py_ssize_t);
@@ -277,8 +353,12 @@ unsafe extern "C" fn call_fastcall(
             // SAFETY: a non-null kwnames is a tuple.
             (unsafe { ffi::PyTuple_Size(kwnames) }) as usize
         };
-        let all: &[*mut ffi::PyObject] =
-            if nargs + nkw == 0 { &[] } else { unsafe { std::slice::from_raw_parts(args, nargs + nkw) } };
+        let all: &[*mut ffi::PyObject] = if nargs + nkw == 0 {
+            &[]
+        } else {
+            // SAFETY: `args` holds nargs + len(kwnames) live pointers (the vectorcall protocol).
+            unsafe { std::slice::from_raw_parts(args, nargs + nkw) }
+        };
         // SAFETY: slf is a live `_Site`.
         let site = unsafe { Borrowed::from_ptr(py, slf).cast_unchecked::<Site>() };
         let kw = (nkw > 0).then(|| (&all[nargs..], kwnames));
@@ -299,10 +379,14 @@ unsafe extern "C" fn call_fastcall(
 
 #[pymethods]
 impl Site {
-    /// `_Site(sig, cache, miss, fallback, checks, state, /)`: see the module docs. ``checks`` is a
-    /// sequence of ``(callable, reason)``; ``state`` a sequence of callables.
+    /// `_Site(sig, cache, miss, fallback, checks, state, npos, /)`: see the module docs. ``checks`` is a
+    /// sequence of ``(callable, reason)``; ``state`` a sequence of callables; ``npos`` how many of the
+    /// signature's parameters may be passed by position (the rest are keyword-only). A call binds its
+    /// arguments to every parameter (defaults applied) before it is keyed; ``miss`` and plans get the
+    /// bound arguments, in parameter order.
     #[new]
-    #[pyo3(signature = (sig, cache, miss, fallback, checks, state, /))]
+    #[pyo3(signature = (sig, cache, miss, fallback, checks, state, npos, /))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         sig: Py<Signature>,
@@ -311,7 +395,11 @@ impl Site {
         fallback: Py<PyAny>,
         checks: &Bound<'_, PyAny>,
         state: &Bound<'_, PyAny>,
+        npos: usize,
     ) -> PyResult<Self> {
+        let names: Vec<_> =
+            sig.get().param_names().iter().map(|n| PyString::intern(py, n).unbind()).collect();
+        let npos = npos.min(names.len());
         let mut st = Vec::new();
         for f in state.try_iter()? {
             let f = f?;
@@ -335,6 +423,8 @@ impl Site {
             fallback,
             checks: cs,
             state: st,
+            names,
+            npos,
             replays: AtomicU64::new(0),
             bound_calls: AtomicU64::new(0),
             stale: AtomicU64::new(0),
@@ -346,13 +436,23 @@ impl Site {
     #[getter]
     fn call<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         // SAFETY: a static method definition; the function object holds a reference to `slf`.
-        unsafe { Bound::from_owned_ptr_or_err(slf.py(), ffi::PyCFunction_NewEx(call_def(), slf.as_ptr(), null_mut())) }
+        unsafe {
+            Bound::from_owned_ptr_or_err(
+                slf.py(),
+                ffi::PyCFunction_NewEx(call_def(), slf.as_ptr(), null_mut()),
+            )
+        }
     }
 
     /// ``_run(args, kwargs, /)``: one call, as ``call`` makes it but without telling a recording in
     /// progress (the recorder calls this for a site call it has taken note of).
     #[pyo3(signature = (args, kwargs, /))]
-    fn _run<'py>(&self, py: Python<'py>, args: &Bound<'py, PyTuple>, kwargs: &Bound<'py, PyDict>) -> PyResult<Bound<'py, PyAny>> {
+    fn _run<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: &Bound<'py, PyDict>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let mut all: Vec<*mut ffi::PyObject> = args.iter().map(|a| a.as_ptr()).collect();
         if kwargs.is_empty() {
             return self.run(py, None, &all, None);
@@ -364,14 +464,24 @@ impl Site {
         self.run(py, None, &all[..n], Some((&all[n..], names.as_ptr())))
     }
 
-    /// ``key(args, /) -> bytes``: the key a call with ``args`` uses (raises where a call falls back).
-    #[pyo3(signature = (args, /))]
-    fn key<'py>(&self, py: Python<'py>, args: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
-        let ptrs: Vec<_> = (0..args.len())
-            // SAFETY: i < len of a tuple we hold.
-            .map(|i| unsafe { tuple_item(args.as_ptr(), i as ffi::Py_ssize_t) })
-            .collect();
-        with_encoder(|enc| match self.encode(py, &ptrs, enc) {
+    /// ``key(args, kwargs=None, /) -> bytes``: the key a call with ``args`` (and ``kwargs``) uses (raises
+    /// where such a call falls back).
+    #[pyo3(signature = (args, kwargs = None, /))]
+    fn key<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let pos: Vec<_> = args.iter().map(|a| a.as_ptr()).collect();
+        let names = kwargs.map(|d| PyTuple::new(py, d.keys())).transpose()?;
+        let values: Vec<_> =
+            kwargs.map(|d| d.values().iter().map(|v| v.as_ptr()).collect()).unwrap_or_default();
+        let kw = names.as_ref().filter(|n| !n.is_empty()).map(|n| (&values[..], n.as_ptr()));
+        let mut slots = Slots { stack: [std::ptr::null_mut(); 16], heap: Vec::new(), n: 0 };
+        self.bind(py, &pos, kw, &mut slots)
+            .map_err(|m| crate::errors::ArgumentError::new_err(format!("arguments do not bind: {m}")))?;
+        with_encoder(|enc| match self.encode(py, slots.get(), enc) {
             Ok(()) => Ok(pyo3::types::PyBytes::new(py, enc.as_bytes())),
             Err(Leave::Raise(e)) => Err(e),
             Err(Leave::Fallback(r)) => {
@@ -384,10 +494,15 @@ impl Site {
         })
     }
 
-    /// ``lookup(args, /)``: the plan cached for a call with ``args`` (None: none), without running it.
-    #[pyo3(signature = (args, /))]
-    fn lookup<'py>(&self, py: Python<'py>, args: &Bound<'py, PyTuple>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let key = self.key(py, args)?;
+    /// ``lookup(args, kwargs=None, /)``: the plan cached for such a call (None: none), without running it.
+    #[pyo3(signature = (args, kwargs = None, /))]
+    fn lookup<'py>(
+        &self,
+        py: Python<'py>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let key = self.key(py, args, kwargs)?;
         let key = key.as_bytes();
         Ok(self.cache.get().get_encoded(py, fast_hash_state().hash(key), key))
     }
@@ -419,6 +534,9 @@ impl Site {
         }
         for s in &self.state {
             visit.call(s)?;
+        }
+        for n in &self.names {
+            visit.call(n)?;
         }
         Ok(())
     }

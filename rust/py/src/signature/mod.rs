@@ -109,16 +109,6 @@ impl Signature {
         &self.names
     }
 
-    /// How many parameters a call must pass (those before the first default).
-    pub(crate) fn required(&self) -> usize {
-        self.required
-    }
-
-    /// How many parameters there are.
-    pub(crate) fn len(&self) -> usize {
-        self.rules.len()
-    }
-
     /// The default of parameter `i`, if it has one.
     pub(crate) fn default_of(&self, i: usize) -> Option<&Py<PyAny>> {
         self.defaults[i].as_ref()
