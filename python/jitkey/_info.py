@@ -95,12 +95,22 @@ def disk_index(
     return out
 
 
+def _shown(name: str, value: str) -> str:
+    """An environment variable's value as ``jitkey info`` shows it: secrets replaced by ``***``
+    (``JITKEY_REMOTE_SECRET``, a URL's password)."""
+    from jitkey.remote import _redact
+
+    if any(word in name for word in ("SECRET", "PASSWORD", "TOKEN")):
+        return "***"
+    return _redact(value) if "://" in value else value
+
+
 def collect(*, decide: bool = True) -> dict[str, Any]:
     """Everything ``jitkey info`` reports, as plain JSON-able data.
 
     ``decide``: settle the lazily decided fast paths (imports torch, and triton for its facts).
     """
-    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("JITKEY_")}
+    env = {k: _shown(k, v) for k, v in sorted(os.environ.items()) if k.startswith("JITKEY_")}
     gil = getattr(sys, "_is_gil_enabled", lambda: True)()
     info: dict[str, Any] = {
         "jitkey": jitkey.__version__,
