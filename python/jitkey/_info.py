@@ -73,9 +73,15 @@ def disk_index(
     d = Path(directory) if directory is not None else jitkey.DiskIndex.default_directory()
     out: dict[str, Any] = {
         "directory": None if d is None else str(d),
-        "exists": bool(d is not None and (d / INDEX_FILE).exists()),
+        "exists": False,
         "forced_mode": os.environ.get("JITKEY_DISK_CACHE") or None,
     }
+    if d is not None:
+        try:
+            out["exists"] = (d / INDEX_FILE).exists()
+        except OSError as e:  # an unsearchable directory: a fact to report, not a crash
+            out["error"] = f"{type(e).__name__}: {e.strerror or e}: {d}"
+            return out
     if d is None or not out["exists"] or not open_existing:
         return out
     with warnings.catch_warnings(record=True) as caught:
