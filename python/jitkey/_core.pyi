@@ -439,8 +439,9 @@ class _TritonLauncher:
     ``_jk_miss(grid, args, kwargs) -> (result, _TritonEntry | None)`` and stores the entry; anything else
     calls its ``_jk_native_fallback(reason, grid, args, kwargs)``; its ``_jk_check_globals()`` checks the
     globals. ``info`` is the ``TritonInfo`` (``knobs``, ``knob_reads``, ``checks_stages_hook``,
-    ``HookChain``); ``runtime`` has ``get_device()`` and ``get_stream(device)``; ``npos`` parameters may be
-    passed positionally.
+    ``HookChain``, ``run_keywords``: a keyword argument named like one of ``JITFunction.run``'s own goes to
+    Triton's path, which raises or consumes it); ``runtime`` has ``get_device()`` and ``get_stream(device)``;
+    ``npos`` parameters may be passed positionally.
     """
 
     def __new__(

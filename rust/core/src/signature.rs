@@ -357,8 +357,11 @@ pub fn bucket_dim(size: i64) -> u8 {
 // The binding reads Python objects and hands what it read to these writers, borrowed: every leaf's
 // byte layout lives here, next to its decoder, and nothing is copied or allocated per call.
 
-/// Why an int cannot be keyed under [`IntMode::Triton`].
-pub const TRITON_RANGE_ERROR: &str = "int outside Triton's range [-2**63, 2**64) (Triton cannot pass it)";
+/// Why an int cannot be keyed under [`IntMode::Triton`]: what Triton itself does with it (its
+/// specialization raises `OverflowError`; parameters annotated `fp*`/`bf*`/`u1`, whose ints Triton
+/// converts, are keyed by [`IntMode::Type`] instead and never get here).
+pub const TRITON_RANGE_ERROR: &str = "int outside [-2**63, 2**64), the range Triton specializes ints over \
+     (Triton's specialization raises OverflowError for it)";
 
 /// A tensor's sizes or strides, read as the writer goes (no copy): a slice for metadata already in
 /// memory, or the binding's view of a Python tuple, whose reads may fail (`Error`).
