@@ -448,3 +448,20 @@ def test_tiered_put_over_the_remote_bound_is_stored_locally_and_never_raises(
             tier.put_many([(("ok",), b"v"), (("bad",), "not bytes")])  # type: ignore[list-item]
         assert tier.local.get(("ok",)) is None and tier.remote.get(("ok",)) is None
         tier.close()
+
+
+def test_bytes_nobody_asked_for_end_the_connection() -> None:
+    """Two replies to one GETRANGE: the second would be read as the next command's (an acknowledged SET that
+    was never one); the connection is dropped instead."""
+    respond = store()
+    with FakeRedis(respond) as srv:
+        remote = fast(srv.url)
+        assert remote.put(("k",), b"v")
+        full = respond([b"GETRANGE", remote.redis_key(("k",)), b"0", b"100000"])
+        srv.respond = hostile({b"GETRANGE": full + b"+OK\r\n"}, respond)
+        assert remote.get(("k",)) is None
+        st = remote.stats()
+        assert st["errors"] == 1 and "after the last reply" in st["last_error"], st
+        past_backoff(remote)
+        srv.respond = hostile({b"SET": b"-ERR not stored\r\n"}, respond)
+        assert remote.put(("other",), b"x") is False  # the stray +OK was never taken as its answer

@@ -27,7 +27,7 @@ import re
 import socket
 import ssl
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 __all__ = [
@@ -147,7 +147,7 @@ class Endpoint:
     path: str | None = None
     tls: ssl.SSLContext | None = None
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)  # never shown
     db: int = 0
     client_name: str | None = None
 
@@ -277,7 +277,10 @@ class Connection:
                 if isinstance(reply, ErrorReply):
                     kind = AuthError if c.name == "AUTH" else ServerError
                     raise kind(f"{c.name} refused: {reply}")
-            return [self._read(c, deadline) for c in commands]
+            replies = [self._read(c, deadline) for c in commands]
+            if self._pos < len(self._buf):  # bytes nobody asked for: later replies would be misread
+                raise ProtocolError(f"{len(self._buf) - self._pos} bytes after the last reply")
+            return replies
         except BaseException as exc:
             self.close()
             if isinstance(exc, WireError) or not isinstance(exc, Exception):

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import hmac
 import math
+import numbers
 import os
 import re
 import ssl
@@ -157,7 +158,7 @@ def _import_redis() -> Any:
 def _seconds(name: str, value: object, source: str, upper: float) -> float:
     """``value`` as seconds in ``(0, upper]``, else :class:`RemoteConfigError` naming it and where it came
     from. Rejects bools, non-numbers, NaN, infinities and values a socket timeout cannot hold."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise RemoteConfigError(f"{name} must be a number of seconds, got {value!r} ({source})")
     try:
         v = float(value)
