@@ -351,3 +351,11 @@ def test_a_closed_stdout_is_quiet(args: list[str], tmp_path: Path) -> None:
     assert proc.stderr == "", proc.stderr
     # argparse prints --help/--version itself and drops a write error; nothing is lost that was wanted
     assert proc.returncode == 141 or (args[0].startswith("--") and proc.returncode == 0)
+
+
+@pytest.mark.parametrize("action", ["info", "verify", "compact", "clear"])
+def test_a_bad_disk_cache_setting_is_one_usage_line(action: str, tmp_path: Path) -> None:
+    _index_with_entries(tmp_path, 2)
+    proc = jk("cache", action, str(tmp_path), env=dict(os.environ, JITKEY_DISK_CACHE="bogus"))
+    line = _one_line_error(proc)
+    assert proc.returncode == 2 and "JITKEY_DISK_CACHE" in line, proc.stderr

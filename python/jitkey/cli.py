@@ -111,7 +111,10 @@ def _open_index(d: Path) -> tuple[Any, list[str]]:
     """Opens the index in ``d``, recording its warnings (shown as lines, not Python warnings)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ix = jitkey.DiskIndex(d)
+        try:
+            ix = jitkey.DiskIndex(d)
+        except ValueError as e:  # a bad JITKEY_DISK_CACHE: the user's configuration
+            raise CliError(str(e)) from None
     return ix, [str(w.message) for w in caught]
 
 
