@@ -32,14 +32,7 @@ from jitkey.remote import RemoteIndex, TieredIndex  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _fake_redis import Action, Close, FakeRedis, Stall, Stream, Trickle, store  # noqa: E402
-
-
-def fast(url: str, **kw: Any) -> RemoteIndex:
-    kw.setdefault("timeout", 0.2)
-    kw.setdefault("connect_timeout", 0.2)
-    kw.setdefault("backoff", 0.01)
-    kw.setdefault("backoff_max", 0.01)
-    return RemoteIndex(url, **kw)
+from test_remote import fast_remote as fast  # noqa: E402
 
 
 def hostile(overrides: dict[bytes, Action], base: Callable[[list[bytes]], bytes] | None = None) -> Any:
