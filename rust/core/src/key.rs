@@ -117,7 +117,7 @@ pub enum EncodeError {
     /// A big-int payload that is empty or fits in i64 (whose one encoding is the i64 form).
     BadBigInt,
     /// Metadata a signature leaf cannot hold (more than 255 tensor dims, strides of another rank
-    /// than the shape, an int outside Triton's range); the text says which.
+    /// than the shape, an int outside the range Triton specializes); the text says which.
     BadLeaf(&'static str),
 }
 

@@ -508,7 +508,7 @@ pub fn write_tensor_in_process(enc: &mut Encoder, dtype_index: u16, aligned: boo
 /// Writes an int leaf under `mode` (a plain int for [`IntMode::Value`]).
 ///
 /// # Errors
-/// [`EncodeError::BadLeaf`] for an int Triton cannot pass under [`IntMode::Triton`].
+/// [`EncodeError::BadLeaf`] for an int outside the range Triton specializes under [`IntMode::Triton`].
 #[inline]
 pub fn write_int(enc: &mut Encoder, mode: IntMode, v: i128) -> Result<(), EncodeError> {
     match mode {
