@@ -26,6 +26,8 @@ ENV_VARS: dict[str, str] = {
     "JITKEY_DRIVER_LAUNCH": "0 makes warm hits call Triton's launcher instead of cuLaunchKernelEx from jitkey",
     "JITKEY_LOG": "debug | info | warning | error: attach a stderr handler at that level to the jitkey logger",
 }
+# (The Redis tier's JITKEY_REMOTE_* variables are documented in jitkey.remote and
+# jitkey.triton.remote_cache, and in the README's Redis section.)
 INDEX_FILE = "index.v1.jki"
 
 
@@ -134,8 +136,19 @@ def collect(*, decide: bool = True) -> dict[str, Any]:
     info.update(_gpu() if decide else {"cuda": None, "gpu": None, "gpu_capability": None})
     info["fast_paths"] = _fastpaths.fast_paths(decide=decide, triton=decide)
     info["disk_index"] = disk_index()
+    info["remote_compile_cache"] = _remote_compile_cache() if decide and info["triton"] else None
     info["env"] = env
     return info
+
+
+def _remote_compile_cache() -> dict[str, Any]:
+    """Whether Triton's compiles would use the Redis tier (``jitkey.triton.remote_cache.state``)."""
+    try:
+        from jitkey.triton import remote_cache
+
+        return remote_cache.state()
+    except Exception as e:  # a broken Triton install is a fact to report, not a crash
+        return {"on": None, "why": f"{type(e).__name__}: {e}"}
 
 
 def _onoff(fp: dict[str, Any]) -> str:
@@ -178,6 +191,14 @@ def format_info(info: dict[str, Any]) -> str:
         lines.append(f"  entries     {di.get('entries', '?')} · {di.get('file_bytes', '?')} bytes on disk")
         if di.get("damaged_records"):
             lines.append(f"  damaged     {di['damaged_records']} records skipped (run: jitkey cache verify)")
+    rc = info.get("remote_compile_cache")
+    if rc is not None:
+        lines += ["", "remote compile cache (Triton's compiled kernels on the Redis tier):"]
+        state = _onoff(rc) + (" (HMAC)" if rc.get("hmac") and rc["on"] else "")
+        lines.append(f"  state       {state}" + (f" -> {rc['why']}" if rc.get("why") else ""))
+        if rc["on"]:
+            how = "Triton's cache manager" if rc.get("wired") else "once jitkey.triton.install() runs"
+            lines.append(f"  wired       {how}; namespace {rc.get('namespace')}")
     lines += ["", "environment:"]
     if info["env"]:
         lines += [f"  {k}={v}" for k, v in info["env"].items()]

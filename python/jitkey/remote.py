@@ -89,12 +89,16 @@ __all__ = [
     "ENV_SECRET",
     "ENV_TIMEOUT",
     "ENV_URL",
+    "MAX_REMOTE_VALUE",
     "REMOTE_FORMAT",
     "RemoteIndex",
     "TieredIndex",
     "default_index",
 ]
 
+MAX_REMOTE_VALUE: Final[int] = 256 << 20
+"""The largest ``max_value`` a :class:`RemoteIndex` takes (256 MiB; Redis strings hold 512 MB). A
+:class:`TieredIndex` copies only values up to ``DiskIndex.MAX_VALUE`` into its local index."""
 REMOTE_FORMAT: Final[int] = 1
 """Version of the remote key layout and value envelope (part of every Redis key and value)."""
 ENVELOPE_MAGIC: Final[bytes] = b"JKR" + bytes([REMOTE_FORMAT])
@@ -358,7 +362,8 @@ class RemoteIndex:
     (seconds, at most 60): the deadline for opening a connection (TCP, TLS, handshake), added to the
     operation's when one is opened. ``backoff``: seconds the remote is skipped after a failure, doubled per
     consecutive failure up to ``backoff_max`` (both at most 86400). ``max_value``: the largest value stored
-    or accepted (default ``DiskIndex.MAX_VALUE``). ``ttl``: seconds before the server may drop an entry
+    or accepted (default ``DiskIndex.MAX_VALUE``, at most :data:`MAX_REMOTE_VALUE`; a reply is never
+    buffered past it). ``ttl``: seconds before the server may drop an entry
     (``None``: kept until evicted by the server's own policy; at most about 31 years).
 
     Keys and values follow :class:`jitkey.DiskIndex`: a 32-byte ``bytes`` key is a digest, any other keyable
@@ -440,10 +445,8 @@ class RemoteIndex:
         else:
             self._backoff = _seconds("backoff", backoff, "argument", _BACKOFF_LIMIT)
         self._backoff_max = _seconds("backoff_max", backoff_max, "argument", _BACKOFF_LIMIT)
-        if type(max_value) is not int or not 0 < max_value <= DiskIndex.MAX_VALUE:
-            raise RemoteConfigError(
-                f"max_value must be an int in 1..{DiskIndex.MAX_VALUE}, got {max_value!r}"
-            )
+        if type(max_value) is not int or not 0 < max_value <= MAX_REMOTE_VALUE:
+            raise RemoteConfigError(f"max_value must be an int in 1..{MAX_REMOTE_VALUE}, got {max_value!r}")
         self._px = None if ttl is None else max(1, int(_seconds("ttl", ttl, "argument", _TTL_MAX) * 1000))
 
         self._endpoint = endpoint
