@@ -4,6 +4,12 @@
 #   scripts/gpu_clients.sh SUITE [pytest args...]
 #     SUITE = triton: Triton 3.6's own python/test/unit (copy ../shared/clients/triton-3.6 to .clients/triton)
 #     SUITE = liger:  Liger-Kernel's test/ with its src/ (a snapshot of the repository in .clients/liger)
+#     SUITE = helion: Helion 1.4.0's test/ (copy ../shared/clients/helion-1.4.0 to .clients/helion; the helion
+#                     wheel installed on PYTHONPATH); the jitkey run also routes Helion (--jitkey-integrations)
+#     SUITE = flaggems: FlagGems 5.0.0's tests/ (copy ../shared/clients/flaggems-5.0.0 to .clients/flaggems; the
+#                     flag_gems and sqlalchemy wheels on PYTHONPATH); GEMS_VENDOR=nvidia, one FLAGGEMS_CACHE_DIR
+#                     per run; the jitkey run also routes FlagGems (--jitkey-integrations)
+#     SUITE = torch:  torch's test/inductor/test_triton_kernels.py (in .clients/torch_tests)
 #
 # Needs jitkey importable (PYTHONPATH) and pytest-xdist. Writes JUnit XML, the fast-path report and the
 # comparison under $OUT (or ./gpu_clients_out). Each run gets its own TRITON_CACHE_DIR, so both compile.
@@ -14,9 +20,13 @@ suite="$1"; shift
 OUTDIR="${OUT:-$PWD/gpu_clients_out}"; mkdir -p "$OUTDIR"
 PY="${PYTHON:-python3}"
 root="$PWD"
+dsl=0
 case "$suite" in
   triton) dir=.clients/triton ;;
   liger) dir=.clients/liger; export PYTHONPATH="$root/.clients/liger/src:$root/.clients/liger${PYTHONPATH:+:$PYTHONPATH}" ;;
+  helion) dir=.clients/helion; dsl=1 ;;
+  flaggems) dir=.clients/flaggems; dsl=1; export GEMS_VENDOR=nvidia ;;
+  torch) dir=.clients/torch_tests ;;
   *) echo "unknown suite $suite"; exit 2 ;;
 esac
 # The suite's own settings only: without an ini of its own, pytest would take jitkey's pyproject.toml (the
@@ -26,12 +36,13 @@ run() {  # $1 = plain|jitkey
   local tag="$1"; shift
   local plugin=(-p jitkey.pytest_plugin --jitkey-report-json="$OUTDIR/$suite-$tag-report.json")
   [[ "$tag" == plain ]] && plugin+=(--jitkey-off)
-  ( cd "$dir" && TRITON_CACHE_DIR="$(mktemp -d)" timeout -s INT -k 30 "${SUITE_TIMEOUT:-280}" "$PY" -m pytest -q -p no:cacheprovider \
+  [[ "$tag" == jitkey && "$dsl" == 1 ]] && plugin+=(--jitkey-integrations)
+  ( cd "$dir" && FLAGGEMS_CACHE_DIR="$(mktemp -d)" TRITON_CACHE_DIR="$(mktemp -d)" TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" timeout -s INT -k 30 "${SUITE_TIMEOUT:-280}" "$PY" -m pytest -q -p no:cacheprovider \
       --tb=line -o junit_family=xunit2 --junitxml="$OUTDIR/$suite-$tag.xml" "${plugin[@]}" "$@" ) \
       > "$OUTDIR/$suite-$tag.log" 2>&1
   echo "[$suite/$tag] exit $? · $(tail -n 1 "$OUTDIR/$suite-$tag.log")"
 }
 run plain "$@"
 run jitkey "$@"
-grep -A 12 "jitkey fast-path report" "$OUTDIR/$suite-jitkey.log" | head -n 14
+grep -A 30 "jitkey fast-path report" "$OUTDIR/$suite-jitkey.log" | head -n 40
 "$PY" scripts/compare_junit.py "$OUTDIR/$suite-plain.xml" "$OUTDIR/$suite-jitkey.xml" --json "$OUTDIR/$suite-compare.json" | head -n 40

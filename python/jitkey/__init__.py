@@ -29,6 +29,38 @@ from jitkey import _fastpaths  # noqa: E402
 
 _fastpaths.report_import_time()
 
+
+def install() -> dict[str, str | None]:
+    """The one switch: route ``triton.jit`` through jitkey (:func:`jitkey.triton.install`) and install every DSL
+    integration whose library is installed in a supported version (:func:`jitkey.integrations.install_available`).
+    Returns what is on: ``{"triton": None, "helion": None, "flag_gems": "flag_gems is not installed", ...}``
+    (None: installed; else why not). Never raises for a missing or unsupported library."""
+    from jitkey import _deps, integrations
+
+    out: dict[str, str | None] = {}
+    try:
+        _deps.require("triton", "jitkey.install")
+        import jitkey.triton
+
+        jitkey.triton.install()
+        out["triton"] = None
+    except ImportError as exc:
+        out["triton"] = str(exc)
+    out.update(integrations.install_available())
+    return out
+
+
+def uninstall() -> None:
+    """Undo :func:`install`: the integrations, then the ``triton.jit`` routing."""
+    import sys
+
+    from jitkey import integrations
+
+    integrations.uninstall_all()
+    if "jitkey.triton" in sys.modules:
+        sys.modules["jitkey.triton"].uninstall()
+
+
 __all__ = [
     "DEFAULT_ENV_VARS",
     "DIGEST_DOMAIN",
@@ -52,6 +84,8 @@ __all__ = [
     "fast_hash",
     "function_key",
     "function_key_tree",
+    "install",
     "logger",
     "rules",
+    "uninstall",
 ]

@@ -471,3 +471,88 @@ class _KernelBase:
     def _set_launcher(self, launcher: _TritonLauncher | None, /) -> None:
         """Route ``self[grid]`` to ``launcher`` (``None``: back to the subclass's ``_subscript``)."""
     def __getitem__(self, grid: Any, /) -> Callable[..., Any]: ...
+
+@final
+class _CompiledLaunch:
+    """Private (:mod:`jitkey.integrations.flag_gems`): one compiled kernel launched as a library launches it
+    from its own cache (``ck[grid](*params)``), natively; declined (``None``) when a pointer's 16-byte alignment
+    differs from ``aligned``'s."""
+
+    def __new__(
+        cls,
+        entry: _TritonEntry,
+        runtime: Any,
+        knobs_runtime: Any,
+        hook_chain: Any,
+        device: int,
+        aligned: list[tuple[int, bool]],
+        /,
+    ) -> _CompiledLaunch: ...
+    def __call__(self, grid: tuple[int, int, int], *params: Any) -> Any | None:
+        """Launch as a plan's step does (``None``: declined)."""
+
+@final
+class _Plan:
+    """Private (:mod:`jitkey.dsl`): a recorded DSL call's steps, replayed.
+
+    ``steps`` is a sequence of ``(kind, target, args, kwnames)``: ``"call"`` (``target(*args, **kw)``),
+    ``"launch"`` (``target`` a ``_TritonLauncher``, ``args[0]`` the grid) or ``"compiled"`` (``target`` is
+    ``(launch, nfast, fallback)``: a ``_CompiledLaunch`` with ``args[0]`` the grid and ``args[1:nfast]`` the
+    parameters, or ``fallback(*args[nfast:], **kw)`` when it declines). Sources: ``("a", i)``, ``("a", i,
+    path)``, ``("s", j)``, ``("s", j, k)``, ``("c", value)``, ``("t", srcs)``, ``("l", srcs)``. ``guard`` is
+    ``(owner, name, value)``: the plan holds while ``getattr(owner, name) is value``.
+    """
+
+    def __new__(
+        cls,
+        nargs: int,
+        steps: Any,
+        ret: Any,
+        guard: tuple[Any, str, Any] | None = None,
+        bound: bool = False,
+    ) -> _Plan: ...
+    def __call__(self, *args: Any) -> Any:
+        """Run the plan over ``args`` as the recorded call would."""
+    def __len__(self) -> int: ...
+    @property
+    def steps(self) -> list[tuple[str, Any]]:
+        """``(kind, target)`` per step."""
+    @property
+    def bound(self) -> bool:
+        """Whether the plan is one call of the DSL's bound call."""
+    @property
+    def valid(self) -> bool:
+        """Whether the guard holds."""
+
+@final
+class _Site:
+    """Private (:mod:`jitkey.dsl`): one DSL entry point keyed natively (see :class:`jitkey.dsl.Site`)."""
+
+    def __new__(
+        cls,
+        sig: Signature,
+        cache: LruCache,
+        miss: Callable[[tuple[Any, ...]], tuple[Any, Any]],
+        fallback: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any],
+        checks: Any,
+        state: Any,
+        npos: int,
+        /,
+    ) -> _Site: ...
+    @property
+    def call(self) -> Callable[..., Any]:
+        """``call(*args, **kwargs)``: a builtin bound to this site (vectorcall)."""
+    def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any], /) -> Any:
+        """One call, without telling a recording in progress."""
+    def key(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, /) -> bytes:
+        """The key of such a call (raises where it falls back)."""
+    def lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, /) -> Any | None:
+        """The plan cached for such a call (None: none)."""
+    @property
+    def cache(self) -> LruCache:
+        """The cache of plans."""
+    def counts(self) -> dict[str, int]:
+        """``replays``, ``bound_calls``, ``stale``."""
+
+def _recording(delta: int, on_launch: Any = None, on_site: Any = None, /) -> int:
+    """Private (:mod:`jitkey.dsl`): a recording starts (+1) or ends (-1); the first call sets the callbacks."""

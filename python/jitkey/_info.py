@@ -135,6 +135,7 @@ def collect(*, decide: bool = True) -> dict[str, Any]:
     }
     info.update(_gpu() if decide else {"cuda": None, "gpu": None, "gpu_capability": None})
     info["fast_paths"] = _fastpaths.fast_paths(decide=decide, triton=decide)
+    info["integrations"] = _integrations()
     info["disk_index"] = disk_index()
     info["remote_compile_cache"] = _remote_compile_cache() if decide and info["triton"] else None
     info["env"] = env
@@ -149,6 +150,17 @@ def _remote_compile_cache() -> dict[str, Any]:
         return remote_cache.state()
     except Exception as e:  # a broken Triton install is a fact to report, not a crash
         return {"on": None, "why": f"{type(e).__name__}: {e}"}
+
+
+def _integrations() -> dict[str, Any]:
+    """Each DSL integration: the library's version, the versions supported, whether it is installed in this
+    process and why not (imports no DSL)."""
+    from jitkey import integrations
+
+    out: dict[str, Any] = {}
+    for name, st in integrations.status().items():
+        out[name] = {**st, "supported": list(st["supported"])}
+    return out
 
 
 def _onoff(fp: dict[str, Any]) -> str:
@@ -175,6 +187,14 @@ def format_info(info: dict[str, Any]) -> str:
         line = f"  {name:<{width}}{state:<9}{fp['what']}"
         if fp["on"] is not True and fp.get("why"):
             line += f"\n  {'':<{width}}{'':<9}-> {fp['why']}"
+        lines.append(line)
+    lines += ["", "DSL integrations (jitkey.install() turns on every supported one):"]
+    for name, st in info.get("integrations", {}).items():
+        lib = st["library"] or "not installed"
+        state = "on" if st["installed"] else "off"
+        line = f"  {name:<{width}}{state:<9}{lib} (supported: {', '.join(st['supported'])})"
+        if st.get("why") and st["library"] is not None:
+            line += f"\n  {'':<{width}}{'':<9}-> {st['why']}"
         lines.append(line)
     di = info["disk_index"]
     lines += ["", "disk index:"]

@@ -22,6 +22,7 @@ __all__ = [
     "RemoteConfigError",
     "SignatureError",
     "UnsupportedKeyError",
+    "UnsupportedVersionError",
     "ValueTooLargeError",
 ]
 
@@ -77,6 +78,11 @@ class MissingDependencyError(JitKeyError, ImportError):
 
 class RemoteConfigError(JitKeyError, ValueError):
     """A remote tier was configured with an invalid URL, namespace, secret, timeout or size bound."""
+
+
+class UnsupportedVersionError(JitKeyError, RuntimeError):
+    """An integration (``jitkey.integrations``) was asked to install over a version of its library it does not
+    know; the message names the versions it supports. The library itself is left untouched."""
 
 
 class GlobalsChangedError(JitKeyError, RuntimeError):

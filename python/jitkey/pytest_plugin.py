@@ -6,7 +6,10 @@ kernels stay Triton's) and prints, at the end, what the kernels' launches did: k
 misses, fallbacks by reason and the busiest kernels. With pytest-xdist the workers' numbers are summed.
 
 Options: ``--jitkey-top N`` (busiest kernels shown, default 10), ``--jitkey-report-json PATH`` (the report
-as JSON), ``--jitkey-off`` (load the plugin but leave Triton alone: a plain run with the same command line).
+as JSON), ``--jitkey-off`` (load the plugin but leave Triton alone: a plain run with the same command line),
+``--jitkey-integrations`` (also install every DSL integration whose library is installed and supported,
+:func:`jitkey.integrations.install_available`; the report then covers the DSL layer too: calls, plan replays,
+bound calls, misses, fallbacks and refused recordings by reason).
 
 The plugin never changes a run's outcome: a failure of its own (Triton missing, the report's JSON file not
 writable, a worker's report unreadable) is printed as a ``jitkey plugin warning:`` line in the terminal
@@ -44,6 +47,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--jitkey-report-json", default=None, help="write the fast-path report to this file")
     group.addoption("--jitkey-off", action="store_true", help="do not route triton.jit through jitkey")
+    group.addoption(
+        "--jitkey-integrations",
+        action="store_true",
+        help="also route the installed DSLs (Helion, FlagGems) through jitkey's DSL layer",
+    )
 
 
 def _problems(config: pytest.Config) -> list[str]:
@@ -73,15 +81,26 @@ def pytest_configure(config: pytest.Config) -> None:
         jitkey.triton.install()
 
     _guard(config, "not routing triton.jit through jitkey", install)
+    if config.getoption("--jitkey-integrations"):
+
+        def integrations() -> None:
+            import jitkey.integrations
+
+            config._jitkey_integrations = jitkey.integrations.install_available()  # type: ignore[attr-defined]
+
+        _guard(config, "not installing the DSL integrations", integrations)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if "jitkey.triton" not in sys.modules:
-        return
     try:
-        import jitkey.triton
+        if "jitkey.integrations" in sys.modules:
+            import jitkey.integrations
 
-        jitkey.triton.uninstall()
+            jitkey.integrations.uninstall_all()
+        if "jitkey.triton" in sys.modules:
+            import jitkey.triton
+
+            jitkey.triton.uninstall()
     except Exception as e:  # after the summary: stderr is all that is left
         sys.stderr.write(f"jitkey plugin warning: uninstalling: {type(e).__name__}: {e}\n")
 
@@ -91,7 +110,12 @@ def _local_report(config: pytest.Config) -> dict[str, Any] | None:
         return None
     import jitkey.triton
 
-    return jitkey.triton.report(top=10_000)
+    rep = jitkey.triton.report(top=10_000)
+    if "jitkey.dsl" in sys.modules:
+        import jitkey.dsl
+
+        rep["dsl"] = jitkey.dsl.report(top=10_000)
+    return rep
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -142,7 +166,13 @@ def _report(config: pytest.Config) -> dict[str, Any]:
         reports.append(local)
     import jitkey.triton
 
-    merged: dict[str, Any] = jitkey.triton.merge_reports(reports, config.getoption("--jitkey-top"))
+    top = config.getoption("--jitkey-top")
+    merged: dict[str, Any] = jitkey.triton.merge_reports(reports, top)
+    dsl_reports = [r["dsl"] for r in reports if r.get("dsl")]
+    if dsl_reports:
+        import jitkey.dsl
+
+        merged["dsl"] = jitkey.dsl.merge_reports(dsl_reports, top)
     return merged
 
 
@@ -168,8 +198,22 @@ def _print(tr: Any, rep: dict[str, Any]) -> None:
         tr.write_line(f"  declined {n:>7} hits  {why}")
     for why, n in list(rep["unplanned_variants"].items())[:20]:
         tr.write_line(f"  no launch plan {n:>5} compiled variants  {why}")
+    for why, n in rep["kept"].items():
+        tr.write_line(f"  kept by Triton {n:>5} kernels  {why}")
     for b in rep["busiest"]:
         tr.write_line(
             f"  {b['launches']:>8} launches  {b['hits']:>8} hits  {b['misses']:>6} misses  "
             f"{b['fallbacks']:>6} fallbacks  {b['kernel']}"
         )
+    d = rep.get("dsl")
+    if d:
+        share = d["fast_path"]
+        tr.write_line(
+            f"DSL layer: sites {d['sites']}  calls {d['calls']}  replays {d['replays']}  bound calls "
+            f"{d['bound_calls']}  misses {d['misses']} ({d['warmups']} compiled/tuned by the DSL)  fallbacks "
+            f"{d['fallbacks']}  fast path {'-' if share is None else f'{100 * share:.2f}%'} of warm calls"
+        )
+        for why, n in list(d["fallback_reasons"].items())[:20]:
+            tr.write_line(f"  fallback {n:>7}  {why}")
+        for why, n in list(d["refused"].items())[:20]:
+            tr.write_line(f"  no plan  {n:>7}  {why}")

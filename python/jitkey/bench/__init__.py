@@ -27,13 +27,14 @@ from jitkey.bench._harness import (
     to_json,
     write_plot,
 )
-from jitkey.bench._sections import SECTIONS, LaunchRun, gpu_unavailable_reason
+from jitkey.bench._sections import SECTIONS, DslRun, LaunchRun, gpu_unavailable_reason
 
 __all__ = ["DESCRIPTION", "add_arguments", "main", "run"]
 
 DESCRIPTION = f"""Launch-overhead and key-cost microbenchmark of jitkey against its peers.
 
-Sections: key, cache, lookup, disk (CPU) and launch (needs an NVIDIA GPU). Every case checks its
+Sections: key, cache, lookup, disk, remote (CPU), launch and dsl (need an NVIDIA GPU; dsl also a DSL:
+Helion 1.4.0 or FlagGems 5.0.0). Every case checks its
 result before it is timed. Times are medians of calibrated timeit repeats; ratio = median / the
 group's baseline (*) measured in the same run. Rows whose spread ((max-min)/median) exceeds
 {SPREAD_FLAG_PCT}% are flagged with '!': the machine was busy; rerun them before trusting the figure.
@@ -113,10 +114,11 @@ def validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, 
             old = load_results(args.compare)
         except (OSError, ValueError) as e:
             p.error(f"--compare {args.compare}: {e}")
-    if args.only and "launch" in args.only:
-        why = gpu_unavailable_reason()
-        if why is not None:
-            p.error(f"--only launch: {why}")
+    for gpu in ("launch", "dsl"):
+        if args.only and gpu in args.only:
+            why = gpu_unavailable_reason()
+            if why is not None:
+                p.error(f"--only {gpu}: {why}")
     return old
 
 
@@ -130,7 +132,7 @@ def run(args: argparse.Namespace, argv: list[str], p: argparse.ArgumentParser | 
     progress("collecting the environment (versions, fast paths)")
     env = environment()
     skipped: list[Skipped] = []
-    built: list[tuple[str, list[Case] | LaunchRun]] = []
+    built: list[tuple[str, list[Case] | LaunchRun | DslRun]] = []
     for name in names:
         progress(f"setting up {name}")
         b = SECTIONS[name](args.quick)
@@ -139,13 +141,13 @@ def run(args: argparse.Namespace, argv: list[str], p: argparse.ArgumentParser | 
             progress(f"{name} skipped: {b.reason}")
         else:
             built.append((name, b))
-    total = sum(1 if isinstance(b, LaunchRun) else len(b) for _, b in built)
+    total = sum(1 if isinstance(b, (LaunchRun, DslRun)) else len(b) for _, b in built)
     results: list[Result] = []
     done = 0
     for name, b in built:
-        if isinstance(b, LaunchRun):
+        if isinstance(b, (LaunchRun, DslRun)):
             done += 1
-            progress(f"[{done}/{total}] launch: {b.describe()}")
+            progress(f"[{done}/{total}] {name}: {b.describe()}")
             results += b.results()
             continue
         results += run_cases(name, b, target_s=target_s, repeats=repeats, start=done, total=total)

@@ -16,7 +16,7 @@ import jitkey
 from jitkey import _reference
 from jitkey.bench._harness import Case, Result, Skipped, set_ratios
 
-SectionResult = Union[list[Case], Skipped, "LaunchRun"]
+SectionResult = Union[list[Case], Skipped, "LaunchRun", "DslRun"]
 
 
 def triton_style_key(n: int) -> tuple[Any, ...]:
@@ -342,9 +342,7 @@ def gpu_unavailable_reason() -> str | None:
     import torch
 
     if not torch.cuda.is_available():
-        return (
-            "no CUDA GPU here (torch.cuda.is_available() is False); the launch section runs on an NVIDIA GPU"
-        )
+        return "no CUDA GPU here (torch.cuda.is_available() is False); the launch and dsl sections run on an NVIDIA GPU"
     if importlib.util.find_spec("triton") is None:
         return "needs triton, which is not installed: pip install 'jitkey[triton]'"
     return None
@@ -446,6 +444,67 @@ class LaunchRun:
         return out
 
 
+def dsl_section(quick: bool) -> SectionResult:
+    """Kernel DSL calls (GPU): the torch op vs the DSL plain, with ``triton.jit`` routed, and through jitkey's
+    DSL layer, per Helion kernel and FlagGems op (:mod:`jitkey.dsl_bench`: fresh processes per mode)."""
+    why = gpu_unavailable_reason()
+    if why is not None:
+        return Skipped("dsl", why)
+    from jitkey import dsl_bench
+
+    reasons = {s: dsl_bench.unavailable(s) for s in dsl_bench.SUITES}
+    if all(reasons.values()):
+        return Skipped("dsl", "; ".join(f"{s}: {r}" for s, r in reasons.items()))
+    rounds, batches, calls = (1, 10, 100) if quick else (2, 40, 200)
+    return DslRun(lambda: dsl_bench.run_bench(rounds, batches, calls), rounds, batches, calls)
+
+
+@dataclasses.dataclass
+class DslRun:
+    """The dsl section: it times itself in fresh processes (a DSL's kernels are made once per process)."""
+
+    run: Callable[[], dict[str, Any]]
+    rounds: int
+    batches: int
+    launches: int
+
+    def describe(self) -> str:
+        return f"{self.rounds} processes per mode, {self.batches} batches of {self.launches} calls"
+
+    def results(self) -> list[Result]:
+        res = self.run()  # every call's output is checked against the torch op (and the DSL's own path)
+        out: list[Result] = []
+        names = {
+            "torch op": "torch op",
+            "plain": "DSL plain",
+            "triton": "DSL + jitkey.triton",
+            "dsl": "DSL + jitkey.dsl",
+        }
+        for suite in res["suites"]:
+            for row in suite["results"]:
+                if "error" in row:
+                    continue
+                group = f"dsl/{suite['suite']}: {row['case']}"
+                for key, impl in names.items():
+                    v = row[key] * 1000
+                    out.append(
+                        Result(
+                            section="dsl",
+                            group=group,
+                            impl=impl,
+                            median_ns=v,
+                            min_ns=v,
+                            max_ns=v,
+                            repeats=self.batches,
+                            number=self.launches,
+                            baseline=key == "torch op",
+                            unit="us",
+                        )
+                    )
+        set_ratios(out)
+        return out
+
+
 SECTIONS: dict[str, Callable[[bool], SectionResult]] = {
     "key": key_section,
     "cache": cache_section,
@@ -453,4 +512,5 @@ SECTIONS: dict[str, Callable[[bool], SectionResult]] = {
     "disk": disk_section,
     "remote": remote_section,
     "launch": launch_section,
+    "dsl": dsl_section,
 }

@@ -46,7 +46,17 @@ except ImportError as _exc:  # pragma: no cover - exercised by the packaging tes
 from typing import Any
 
 from jitkey.triton._installed import Unkeyable, triton_info
-from jitkey.triton._kernel import TritonKernel, bind, install, installed, jit, plain, registry, uninstall
+from jitkey.triton._kernel import (
+    TritonKernel,
+    bind,
+    install,
+    installed,
+    jit,
+    kept,
+    plain,
+    registry,
+    uninstall,
+)
 from jitkey.triton.autotune import PersistentAutotuner, autotune
 
 __all__ = [
@@ -92,7 +102,8 @@ def report(top: int = 10) -> dict[str, Any]:
     fallbacks): the share of launches that did not compile and took the fast path), ``driver_launches`` (hits
     that jitkey packed and launched itself), ``launcher_reasons`` (hits a launch plan declined and handed to
     Triton's launcher, by reason), ``unplanned_variants`` (compiled variants without a launch plan, by reason:
-    all their hits use Triton's launcher) and the ``busiest`` kernels by launches.
+    all their hits use Triton's launcher), ``kept`` (kernels :func:`install` left to Triton, by reason: Triton's
+    own, Inductor's) and the ``busiest`` kernels by launches.
     """
     per_kernel = []
     for ks in registry():
@@ -111,7 +122,9 @@ def report(top: int = 10) -> dict[str, Any]:
                 "busiest": [{"kernel": ks.name, "launches": launches, **counts}],
             }
         )
-    return merge_reports(per_kernel, top)
+    out = merge_reports(per_kernel, top)
+    out["kept"] = dict(kept)
+    return out
 
 
 def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
@@ -121,6 +134,7 @@ def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
     reasons: dict[str, int] = {}
     launcher: dict[str, int] = {}
     unplanned: dict[str, int] = {}
+    kept_: dict[str, int] = {}
     busiest: dict[str, dict[str, int]] = {}
     for r in reports:
         for k in out:
@@ -132,6 +146,8 @@ def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
             launcher[why] = launcher.get(why, 0) + n
         for why, n in r.get("unplanned_variants", {}).items():
             unplanned[why] = unplanned.get(why, 0) + n
+        for why, n in r.get("kept", {}).items():
+            kept_[why] = kept_.get(why, 0) + n
         for b in r["busiest"]:
             d = busiest.setdefault(b["kernel"], {"launches": 0, "hits": 0, "misses": 0, "fallbacks": 0})
             for k in d:
@@ -142,6 +158,7 @@ def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
     out["driver_launches"] = driver
     out["launcher_reasons"] = dict(sorted(launcher.items(), key=lambda kv: -kv[1]))
     out["unplanned_variants"] = dict(sorted(unplanned.items(), key=lambda kv: -kv[1]))
+    out["kept"] = dict(sorted(kept_.items(), key=lambda kv: -kv[1]))
     ranked = sorted(busiest.items(), key=lambda kv: -kv[1]["launches"])[:top]
     out["busiest"] = [{"kernel": name, **d} for name, d in ranked]
     return out

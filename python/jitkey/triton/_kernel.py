@@ -4,6 +4,7 @@ Python dispatch. See the package docstring (``jitkey.triton``) for the contract.
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import functools
 import inspect
 import logging
@@ -131,7 +132,7 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
 
     def __init__(self, fn: Any, *args: Any, **kwargs: Any) -> None:
         JITFunction.__init__(self, fn, *args, **kwargs)
-        self._jk_setup()
+        self._jk_reset()
 
     @classmethod
     def _of(cls, jit_fn: Any) -> TritonKernel:
@@ -153,37 +154,74 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         k.pre_run_hooks.extend(jit_fn.pre_run_hooks)
         return k
 
+    # -- copy and pickle: a JITFunction's state, a fresh jitkey part ---------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """The state a ``JITFunction`` has (its ``__dict__``), without jitkey's own attributes: the native
+        launcher, cache, locks and statistics are never copied or pickled."""
+        return {n: v for n, v in self.__dict__.items() if not n.startswith("_jk_")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore a ``JITFunction``'s state and start jitkey's part afresh (an empty cache, made at the first
+        launch). Works on the stripped state Inductor's ``prepare_for_pickle`` leaves (``fn`` set to None)."""
+        self.__dict__.update(state)
+        self._jk_reset()
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        """``copy.deepcopy`` and ``pickle`` (any protocol): rebuilt from :meth:`__getstate__`, so they copy
+        and fail exactly where a ``JITFunction``'s own state does (a lock, a local function, globals)."""
+        return (copyreg.__newobj__, (type(self),), self.__getstate__())  # type: ignore[attr-defined]
+
     def __copy__(self) -> TritonKernel:
         """``copy.copy``: like a ``JITFunction``'s (a shallow copy sharing Triton's state), with its own jitkey
         launcher, cache and statistics."""
         k = type(self).__new__(type(self))
-        k.__dict__.update({n: v for n, v in self.__dict__.items() if not n.startswith("_jk_")})
-        k._jk_setup()
+        k.__setstate__(self.__getstate__())
         return k
 
-    def _jk_setup(self) -> None:
+    def _jk_reset(self) -> None:
+        """jitkey's own part, empty. Only what is cheap happens here (decoration, copies, unpickling); the
+        static checks, the ``Signature`` and the cache are made at the first use (:meth:`_jk_prepare`)."""
         self._jk_lock = threading.Lock()
         self._jk_launch: Callable[..., Any] | None = None
         self._jk_key_launcher: Any = None
         self._jk_ugv_src: object = None
         self._jk_ugv_snap: list[list[Any]] = []
         self._jk_logged: set[str] = set()
-        self._jk_stats = KernelStats(f"{self.fn.__module__}:{self.fn.__qualname__}")
+        self._jk_ready = False
+        self._jk_problem: str | None = None
         self._jk_sig: Signature | None = None
         self._jk_cache: LruCache | None = None
-        #: Why this kernel always takes Triton's own path (``None``: it has the fast path).
-        self.fast_path_problem: str | None = self._check_static()
-        if self.fast_path_problem is None:
-            try:
-                self._jk_sig = Signature(_params(self))
-            except JitKeyError as exc:  # a rule jitkey cannot build: Triton's path, never an error here
-                self.fast_path_problem = f"{type(exc).__name__}: {exc}"
-        if self.fast_path_problem is None:
-            self._jk_cache = LruCache(_CAPACITY)
-            self._jk_stats._cache = self._jk_cache
+        d = self.__dict__  # JITFunction keeps the function's names there (fn itself may be None: see above)
+        self._jk_stats = KernelStats(f"{d.get('__module__')}:{d.get('__qualname__')}")
         with _registry_lock:
             _registry.append(self._jk_stats)
         weakref.finalize(self, self._jk_stats._freeze)
+
+    def _jk_prepare(self) -> None:
+        """Once per kernel, at the first launch (or :attr:`fast_path_problem`, :meth:`key_of`): the static
+        checks, the ``Signature`` of its parameters and its cache."""
+        if self._jk_ready:
+            return
+        with self._jk_lock:
+            if self._jk_ready:
+                return
+            problem = self._check_static()
+            if problem is None:
+                try:
+                    self._jk_sig = Signature(_params(self))
+                except JitKeyError as exc:  # a rule jitkey cannot build: Triton's path, never an error here
+                    problem = f"{type(exc).__name__}: {exc}"
+            if problem is None:
+                self._jk_cache = LruCache(_CAPACITY)
+                self._jk_stats._cache = self._jk_cache
+            self._jk_problem = problem
+            self._jk_ready = True
+
+    @property
+    def fast_path_problem(self) -> str | None:
+        """Why this kernel always takes Triton's own path (``None``: it has the fast path)."""
+        self._jk_prepare()
+        return self._jk_problem
 
     def _check_static(self) -> str | None:
         info = triton_info()
@@ -251,10 +289,11 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         return functools.partial(launch, grid)
 
     def _jk_make_launch(self) -> Callable[..., Any]:
+        self._jk_prepare()
         with self._jk_lock:
             if self._jk_launch is not None:
                 return self._jk_launch
-            problem = self.fast_path_problem
+            problem = self._jk_problem
             if problem is None and triton_info().run is not JITFunction.run:
                 problem = "JITFunction.run is patched"
             if problem is not None:
@@ -477,17 +516,43 @@ _install_lock = threading.Lock()
 _saved: list[tuple[Any, str, Any]] | None = None
 
 
-def _is_triton_own(f: Any) -> bool:
+_INDUCTOR_HEURISTICS = "torch._inductor.runtime.triton_heuristics"
+#: Kernels decorated under :func:`install` that stayed Triton's, by reason (see :func:`_kept_by`).
+kept: Counter[str] = Counter()
+
+
+def _kept_by(f: Any) -> str | None:
+    """Why a kernel decorated under :func:`install` stays Triton's, or ``None`` (it becomes jitkey's).
+
+    * Triton's own library kernels (modules ``triton``, ``triton.*``).
+    * Kernels torch's Inductor generates or copies (its generated kernel code, user-defined kernels inside
+      a compiled graph, its templates) and its own helpers: their module is ``torch._inductor.*`` and, for
+      the generated modules Inductor loads under ``torch._inductor.runtime.compile_tasks``, the code imports
+      ``triton_heuristics``, which every Inductor kernel module does (``gen_common_triton_imports``) and
+      other code loaded the same way (Helion's generated kernels) does not. Inductor launches these
+      itself (``CachingAutotuner``, its static launcher) and never through ``kernel[grid]`` or ``run``,
+      so routing them would gain nothing; it deep-copies and pickles them.
+    """
     module = str(getattr(f, "__module__", "") or "")
-    return module == "triton" or module.startswith("triton.")
+    if module == "triton" or module.startswith("triton."):
+        return "Triton's own kernel"
+    if module.startswith("torch._inductor."):
+        if not module.startswith("torch._inductor.runtime.compile_tasks."):
+            return "torch Inductor's own kernel"
+        heuristics = getattr(f, "__globals__", {}).get("triton_heuristics")
+        if getattr(heuristics, "__name__", None) == _INDUCTOR_HEURISTICS:
+            return "generated by torch Inductor"
+    return None
 
 
 def _routed_jit(fn: Any = None, **kwargs: Any) -> Any:
-    """``triton.jit`` while :func:`install` is in effect: user kernels become jitkey kernels,
-    Triton's own library kernels stay Triton's."""
+    """``triton.jit`` while :func:`install` is in effect: user kernels become jitkey kernels, Triton's and
+    Inductor's stay Triton's (counted in :data:`kept`)."""
 
     def decorator(f: Any) -> Any:
-        if _is_triton_own(f):
+        why = _kept_by(f)
+        if why is not None:
+            kept[why] += 1
             return _TRITON_JIT(f, **kwargs)
         return jit(f, **kwargs)
 
@@ -499,11 +564,11 @@ functools.update_wrapper(_routed_jit, _TRITON_JIT, assigned=("__doc__",))
 
 def install() -> None:
     """Route every kernel decorated from now on with ``triton.jit`` (``triton.jit``,
-    ``triton.runtime.jit.jit``) through jitkey. Kernels defined in Triton's own modules stay Triton's;
-    kernels decorated before the call are unchanged. With ``JITKEY_REMOTE_CACHE`` set and no cache manager
-    configured, Triton's compile cache becomes :class:`jitkey.triton.remote_cache.TieredCacheManager` (local
-    files first, then the Redis tier; see that module for what it trusts). Idempotent; undone by
-    :func:`uninstall`."""
+    ``triton.runtime.jit.jit``) through jitkey. Kernels defined in Triton's own modules, and the kernels torch's
+    Inductor generates, stay Triton's (counted by reason in ``report()["kept"]``); kernels decorated before
+    the call are unchanged. With ``JITKEY_REMOTE_CACHE`` set and no cache manager configured, Triton's compile
+    cache becomes :class:`jitkey.triton.remote_cache.TieredCacheManager` (local files first, then the Redis
+    tier; see that module for what it trusts). Idempotent; undone by :func:`uninstall`."""
     global _saved
     import triton
     from triton.runtime import jit as jit_module

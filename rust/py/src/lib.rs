@@ -8,6 +8,8 @@
 //! * `lru`, `disk`: `jitkey.LruCache`, `jitkey.DiskIndex`.
 //! * `launch`: the Triton warm-launch path (`_TritonLauncher`, `_TritonEntry`, `_KernelBase`) and
 //!   jitkey's own launch of a compiled kernel (`_LaunchPlan`: packing, launch configuration).
+//! * `dsl`: the DSL layer (`_Site`, `_Plan`): a DSL call keyed natively and its recorded host work
+//!   and launches replayed (`jitkey.dsl`).
 //! * `cuda`: the CUDA driver entry points, resolved from `libcuda.so.1` at run time.
 
 use pyo3::prelude::*;
@@ -15,6 +17,7 @@ use pyo3::prelude::*;
 mod cuda;
 #[cfg(unix)]
 mod disk;
+mod dsl;
 mod errors;
 mod keys;
 mod launch;
@@ -35,5 +38,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     torch::register(m)?;
     signature::register(m)?;
     launch::register(m)?;
+    dsl::register(m)?;
     Ok(())
 }

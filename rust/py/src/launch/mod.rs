@@ -14,8 +14,10 @@
 //!
 //! Modules: `entry` (what a hit launches: `_TritonEntry`), `plan` and `pack` (jitkey's own launch of
 //! a compiled kernel: `_LaunchPlan`), `vectorcall` (the C entry points `kernel[grid](...)` and
-//! `launch(grid, ...)`, and `_KernelBase`). This file is the launcher itself: bind, key, probe, hit.
+//! `launch(grid, ...)`, and `_KernelBase`), `compiled` (a compiled kernel launched as a library
+//! launches it from its own cache: `_CompiledLaunch`, for DSL plans). This file is the launcher itself: bind, key, probe, hit.
 
+mod compiled;
 mod entry;
 mod pack;
 mod plan;
@@ -621,8 +623,24 @@ impl Launcher {
     }
 }
 
+/// A launch step of a DSL plan (`crate::dsl`): `launch(grid, *pos, **dict(zip(kwnames, kw)))` on
+/// `launcher`, exactly as `kernel[grid](...)` runs it. `kwnames` is a tuple of str or null.
+pub(crate) fn launch_from_plan<'py>(
+    py: Python<'py>,
+    launcher: &Launcher,
+    grid: *mut ffi::PyObject,
+    pos: &[*mut ffi::PyObject],
+    kw: &[*mut ffi::PyObject],
+    kwnames: *mut ffi::PyObject,
+) -> PyResult<Bound<'py, PyAny>> {
+    launcher.run(py, &Call { grid, pos, kw_values: kw, kwnames })
+}
+
+pub(crate) use compiled::CompiledLaunch;
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Entry>()?;
+    m.add_class::<CompiledLaunch>()?;
     m.add_class::<Launcher>()?;
     m.add_class::<KernelBase>()?;
     plan::register(m)

@@ -112,6 +112,16 @@ unsafe fn fastcall(
         // SAFETY: `pick` returns a live launcher object.
         let launcher = unsafe { Borrowed::from_ptr(py, launcher).cast_unchecked::<Launcher>() };
         let call = Call { grid, pos: &all[first..nargs], kw_values: &all[nargs..], kwnames };
+        if crate::dsl::recording() {
+            // A DSL call is being recorded (jitkey.dsl): the recorder learns of the launch first,
+            // and of its end.
+            let (g, a, k) = call.to_python(py)?;
+            if let Some(end) = crate::dsl::on_launch(py, &launcher, &g, &a, &k)? {
+                let out = launcher.get().run(py, &call);
+                end.call0()?;
+                return out.map(Bound::into_ptr);
+            }
+        }
         launcher.get().run(py, &call).map(Bound::into_ptr)
     })
 }

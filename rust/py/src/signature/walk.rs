@@ -136,6 +136,8 @@ fn encode_keyable(obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> FResult {
 /// its frame holds no error conversion.
 #[inline(never)]
 fn tensor_leaf(t: &TensorRule, obj: &Bound<'_, PyAny>, enc: &mut Encoder) -> FResult {
+    // SAFETY: obj is live; `Py_TYPE` reads its type pointer.
+    torch::note_tensor_type(unsafe { ffi::Py_TYPE(obj.as_ptr()) });
     Ok(encode_tensor(t, obj, enc)?)
 }
 

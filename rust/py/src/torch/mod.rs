@@ -55,6 +55,28 @@ pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
 // ---- torch.Tensor ------------------------------------------------------------------------------
 
 static TENSOR_TYPE: AtomicPtr<ffi::PyTypeObject> = AtomicPtr::new(std::ptr::null_mut());
+static PARAMETER_TYPE: AtomicPtr<ffi::PyTypeObject> = AtomicPtr::new(std::ptr::null_mut());
+
+thread_local! {
+    /// Set by the key walks when they key a tensor whose type is neither `torch.Tensor` nor
+    /// `nn.Parameter` (see [`take_subclass_seen`]).
+    static SUBCLASS_SEEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Notes a keyed tensor of type `tp` (see [`take_subclass_seen`]).
+#[inline(always)]
+pub(crate) fn note_tensor_type(tp: *mut ffi::PyTypeObject) {
+    if tp != TENSOR_TYPE.load(Ordering::Relaxed) && tp != PARAMETER_TYPE.load(Ordering::Relaxed) {
+        SUBCLASS_SEEN.with(|s| s.set(true));
+    }
+}
+
+/// Whether a tensor subclass other than `nn.Parameter` was keyed since the last call (and clears
+/// the flag). Tensor rules key no type, so a caller that must tell a subclass (whose
+/// `__torch_function__` may change what the call does) from a plain tensor asks this after keying.
+pub(crate) fn take_subclass_seen() -> bool {
+    SUBCLASS_SEEN.with(|s| s.replace(false))
+}
 
 /// Imports torch and caches `torch.Tensor` (kept alive forever) the first time a tensor rule is
 /// compiled; never on the hot path.
@@ -63,6 +85,9 @@ pub(crate) fn ensure_tensor_type(py: Python<'_>) -> PyResult<()> {
         return Ok(());
     }
     let tensor = py.import("torch")?.getattr("Tensor")?;
+    let parameter = py.import("torch.nn.parameter")?.getattr("Parameter")?;
+    PARAMETER_TYPE.store(parameter.as_ptr().cast::<ffi::PyTypeObject>(), Ordering::Release);
+    std::mem::forget(parameter.unbind());
     let ptr = tensor.as_ptr().cast::<ffi::PyTypeObject>();
     std::mem::forget(tensor.unbind());
     TENSOR_TYPE.store(ptr, Ordering::Release);

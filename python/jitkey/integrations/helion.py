@@ -1,0 +1,195 @@
+"""jitkey under Helion: a ``helion.Kernel`` call through :mod:`jitkey.dsl`.
+
+:func:`install` routes ``helion.Kernel.__call__`` through one :class:`jitkey.dsl.Site` per kernel:
+
+* **Key**: every argument exactly (:func:`jitkey.dsl.exact`: tensor dtype, shape, strides, device and alignment;
+  scalar values; ``hl.constexpr`` values; tuples), finer than Helion's own bound-kernel key (which keeps
+  scalars by type and tensors by dtype, shape, strides and device type).
+* **Bind**: Helion's own ``Kernel.bind(args)``; the bound call is the ``BoundKernel``'s compiled host function
+  (``_run``), guarded so that ``set_config``, autotuning or ``Kernel.reset()`` make Helion's path run again.
+* **Plan**: the host function's work (output allocation and every other torch call, the grid, the argument
+  order and its launches through ``default_launcher``, which reach jitkey's native Triton launcher) recorded
+  on a miss and replayed natively on a hit. Calls Helion compiles or tunes (its first call for a key) run
+  Helion's own ``__call__``.
+
+Kernels it leaves to Helion (counted in :func:`report` under ``declined``): a backend other than Triton,
+``static_shapes=False`` (``torch._dynamo.mark_static`` on an argument changes Helion's key there and is not in
+jitkey's), a ``key=`` function, distributed kernels and ref mode. Calls it leaves to Helion (counted as
+fallbacks): arguments the exact key cannot hold (functions, graph modules), an initialized
+``torch.distributed`` (symmetric-memory tensors change Helion's key), active torch modes. Keyword arguments
+and defaults are bound natively, as Helion's ``normalize_args`` binds them. Helion's launches become jitkey launches only where ``triton.jit`` is routed
+(:func:`jitkey.triton.install`, which :func:`install` turns on).
+
+Supported: Helion 1.4.0 (``SUPPORTED``).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+from jitkey import dsl
+from jitkey.integrations import check_version
+
+LIBRARY = "helion"
+SUPPORTED = ("1.4.0",)
+
+__all__ = ["LIBRARY", "SUPPORTED", "install", "installed", "report", "uninstall"]
+
+_lock = threading.Lock()
+_saved: tuple[Any, Any, Any] | None = None
+
+
+class _Unset:
+    """The class-level ``_jk_call`` of ``helion.Kernel``: the kernel has no site yet. A kernel's own
+    ``_jk_call`` copies and pickles as this (a copy makes its own site)."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_unset, ())
+
+
+_UNSET = _Unset()
+
+
+def _unset() -> _Unset:
+    return _UNSET
+
+
+class _SiteRef:
+    """A kernel's site (``call`` is the per-call entry, or None: the kernel is left to Helion)."""
+
+    __slots__ = ("call", "site")
+
+    def __init__(self, site: dsl.Site | None) -> None:
+        self.site = site
+        self.call = None if site is None else site.call
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_unset, ())
+
+    def __deepcopy__(self, memo: Any) -> _Unset:
+        return _UNSET
+
+    def __copy__(self) -> _Unset:
+        return _UNSET
+
+
+def _ineligible(kernel: Any) -> str | None:
+    from helion.runtime.ref_mode import is_ref_mode_enabled
+
+    s = kernel.settings
+    if getattr(s, "backend", "triton") != "triton":
+        return f"backend {s.backend!r} (jitkey launches Triton kernels)"
+    if not s.static_shapes:
+        return "static_shapes=False (torch._dynamo.mark_static changes Helion's key there)"
+    if kernel._key_fn is not None:
+        return "a key= function"
+    if getattr(s, "distributed", False) or getattr(kernel, "_declares_process_group", False):
+        return "a distributed kernel"
+    if is_ref_mode_enabled(s):
+        return "ref mode"
+    return None
+
+
+def _checks() -> list[tuple[Any, str]]:
+    checks = dsl._default_checks()
+    import torch
+
+    if torch.distributed.is_available():
+        checks.append((torch.distributed.is_initialized, "torch.distributed is initialized"))
+    return checks
+
+
+def _make(kernel: Any) -> _SiteRef:
+    why = _ineligible(kernel)
+    if why is not None:
+        dsl.declined[f"helion: {why}"] += 1
+        ref = _SiteRef(None)
+    else:
+        orig_call = _saved[0] if _saved is not None else type(kernel).__call__
+
+        def bind(args: tuple[Any, ...]) -> dsl.Bound | None:
+            bk = kernel.bind(args)
+            run = bk._run
+            if run is None:  # Helion compiles or tunes on this call: its own path runs it
+                return None
+            return dsl.Bound(run, (bk, "_run"))
+
+        site = dsl.Site(
+            f"helion:{kernel.name}",
+            kernel.signature,
+            bind,
+            fallback=functools.partial(orig_call, kernel),
+            checks=_checks(),
+            device=False,  # Helion's host code allocates and launches by its tensors' devices
+        )
+        ref = _SiteRef(site)
+    kernel._jk_call = ref
+    return ref
+
+
+def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """``helion.Kernel.__call__`` under :func:`install`."""
+    ref = self._jk_call
+    if ref is _UNSET:
+        ref = _make(self)
+    if ref.call is None:
+        return _saved[0](self, *args, **kwargs)  # type: ignore[index]
+    return ref.call(*args, **kwargs)
+
+
+def _reset(self: Any) -> None:
+    """``helion.Kernel.reset`` under :func:`install`: Helion's caches and the kernel's plans are dropped."""
+    _saved[1](self)  # type: ignore[index]
+    ref = self.__dict__.get("_jk_call")
+    if isinstance(ref, _SiteRef) and ref.site is not None:
+        ref.site.clear()
+
+
+def install() -> None:
+    """Route every ``helion.Kernel`` call through jitkey (kernels made before and after), and route
+    ``triton.jit`` through jitkey (:func:`jitkey.triton.install`) so Helion's generated kernels launch natively.
+    Raises :class:`jitkey.errors.UnsupportedVersionError` for a Helion other than ``SUPPORTED``. Idempotent."""
+    global _saved
+    check_version("Helion", LIBRARY, SUPPORTED)
+    from helion.runtime.kernel import Kernel
+
+    import jitkey.triton
+
+    with _lock:
+        if _saved is not None:
+            return
+        jitkey.triton.install()
+        _saved = (Kernel.__call__, Kernel.reset, Kernel.__dict__.get("_jk_call"))
+        Kernel._jk_call = _UNSET
+        Kernel.__call__ = _call
+        Kernel.reset = _reset
+
+
+def uninstall() -> None:
+    """Undo :func:`install` (sites of existing kernels are dropped; ``triton.jit`` routing stays, see
+    :func:`jitkey.triton.uninstall`)."""
+    global _saved
+    from helion.runtime.kernel import Kernel
+
+    with _lock:
+        if _saved is None:
+            return
+        Kernel.__call__, Kernel.reset = _saved[0], _saved[1]
+        del Kernel._jk_call
+        _saved = None
+
+
+def installed() -> bool:
+    """Whether :func:`install` is in effect."""
+    return _saved is not None
+
+
+def report() -> dict[str, Any]:
+    """The DSL report (:func:`jitkey.dsl.report`) of Helion's sites (``declined``: kernels left to Helion)."""
+    out = dsl.report(where=lambda s: s.name.startswith("helion:"))
+    out["declined"] = {k: n for k, n in out["declined"].items() if k.startswith("helion: ")}
+    return out

@@ -1,0 +1,339 @@
+"""The DSL layer (jitkey.dsl) on CPU: recording, replay, keys, guards, refusals and fallbacks.
+
+The "DSL" here is plain Python host code over real torch tensors (and, for launches, a jitkey Triton kernel
+against the recording CompiledKernel stand-in of test_triton_cpu): every replay is compared with the host code
+run directly on the same inputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import jitkey.dsl as dsl  # noqa: E402
+from jitkey import _core  # noqa: E402
+
+
+def make_site(host, names, **kw):
+    return dsl.Site(f"test:{host.__name__}", names, lambda args: dsl.Bound(host), fallback=host, **kw)
+
+
+def host_add(x, y, alpha):
+    n = x.numel()
+    out = torch.empty_like(x)
+    torch.add(x, y, alpha=alpha, out=out)
+    half = out.reshape(-1)[: n // 2]
+    return out, half.sum(), x.shape[0] * 2
+
+
+def test_replay_equals_the_host_code_with_fresh_outputs():
+    site = make_site(host_add, ["x", "y", "alpha"])
+    x, y = torch.randn(8), torch.randn(8)
+    outs = [site.call(x, y, 2.0) for _ in range(4)]
+    ref = host_add(x, y, 2.0)
+    for o in outs:
+        assert torch.equal(o[0], ref[0]) and torch.equal(o[1], ref[1]) and o[2] == 16
+    assert outs[2][0] is not outs[3][0]  # every replay allocates its own output
+    x.add_(1)  # new data, same key: the replay reads the inputs of this call
+    assert torch.equal(site.call(x, y, 2.0)[0], host_add(x, y, 2.0)[0])
+    st = site.stats()
+    assert (st["misses"], st["replays"], st["bound_calls"], st["fallbacks"]) == (1, 4, 0, 0)
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ((torch.randn(8), torch.randn(8), 2.0), (torch.randn(9), torch.randn(9), 2.0)),  # shape
+        ((torch.randn(8), torch.randn(8), 2.0), (torch.randn(8), torch.randn(8), 3.0)),  # scalar value
+        ((torch.randn(8), torch.randn(8), 2.0), (torch.randn(8), torch.randn(8), 2)),  # scalar type
+        ((torch.randn(8), torch.randn(8), 2.0), (torch.randn(8).half(), torch.randn(8), 2.0)),  # dtype
+        (
+            (torch.randn(4, 4), torch.randn(4, 4), 1.0),
+            (torch.randn(4, 4).t(), torch.randn(4, 4), 1.0),
+        ),  # strides
+        ((torch.randn(9)[1:], torch.randn(8), 1.0), (torch.randn(9)[:8], torch.randn(8), 1.0)),  # alignment
+    ],
+    ids=["shape", "scalar", "scalar-type", "dtype", "strides", "alignment"],
+)
+def test_key_tells_apart_what_a_dsl_may_decide_on(a, b):
+    site = make_site(host_add, ["x", "y", "alpha"])
+    assert site.key(*a) != site.key(*b)
+    for args in (a, b, a, b):
+        got, ref = site.call(*args), host_add(*args)
+        assert torch.equal(got[0], ref[0]) and got[2] == ref[2]
+    assert site.stats()["misses"] == 2 and site.stats()["replays"] == 2
+
+
+def test_key_holds_torch_modes_and_which_arguments_are_one_object():
+    site = make_site(host_add, ["x", "y", "alpha"])
+    x, y = torch.randn(8), torch.randn(8)
+    k = site.key(x, y, 1.0)
+    with torch.no_grad():
+        assert site.key(x, y, 1.0) != k
+    with torch.inference_mode():
+        assert site.key(x, y, 1.0) != k
+    assert site.key(x, x, 1.0) != site.key(x, x.clone(), 1.0)
+
+
+def test_defaults_and_argument_count():
+    def host(x, scale=2.0):
+        return x * scale
+
+    site = make_site(host, ["x", ("scale", dsl.exact(), 2.0)])
+    x = torch.randn(4)
+    # A call binds its arguments to the parameters, defaults applied, before it is keyed.
+    assert site.key(x) == site.key(x, 2.0) == site.key(x, scale=2.0) == site.key(scale=2.0, x=x)
+    for _ in range(3):
+        assert torch.equal(site.call(x), x * 2.0) and torch.equal(site.call(x, scale=3.0), x * 3.0)
+    assert site.stats()["stale"] == 0 and site.stats()["misses"] == 2 and site.stats()["replays"] == 4
+
+
+def test_keyword_only_parameters_reach_the_dsl_by_name():
+    def host(x, *, alpha=1.0, out=None):
+        if out is None:
+            out = torch.empty_like(x)
+        torch.mul(x, alpha, out=out)
+        return out
+
+    site = make_site(host, host)
+    x = torch.randn(4)
+    o = torch.empty(4)
+    for _ in range(3):
+        assert torch.equal(site.call(x, alpha=3.0), x * 3.0)
+        assert site.call(x, alpha=2.0, out=o) is o and torch.equal(o, x * 2.0)
+    st = site.stats()
+    assert st["replays"] == 4 and st["fallbacks"] == 0
+    with pytest.raises(TypeError):
+        site.call(x, 2.0)  # keyword-only: the DSL's own path raises its TypeError
+    assert "positional" in next(iter(site.stats()["fallback_reasons"]))
+
+
+def _refused(host, *args, names=None):
+    site = make_site(host, names or [f"a{i}" for i in range(len(args))])
+    first = site.call(*args)
+    site.call(*args)
+    st = site.stats()
+    assert st["replays"] == 0 and st["bound_calls"] == 1, st  # the DSL's bound call, not a replay
+    return next(iter(st["refused"])), first
+
+
+GLOBAL_BUF = torch.zeros(4)
+
+
+@pytest.mark.parametrize(
+    "host, args, why",
+    [
+        (lambda x: x * x.data_ptr() % 7, (torch.randn(4),), "data_ptr"),
+        (lambda x: x * float(x.sum().item()), (torch.randn(4),), "item"),
+        (lambda x: x + GLOBAL_BUF, (torch.randn(4),), "neither received nor made"),
+        (lambda x: x * 2 if x.requires_grad else x, (torch.randn(4),), "requires_grad"),
+        (lambda x: x[x > 0], (torch.randn(4),), "depends on the data"),
+        (lambda x: torch.nonzero(x), (torch.randn(4),), "depends on the data"),
+        (lambda x, y: x + y, (GLOBAL_BUF, GLOBAL_BUF), "passed twice"),
+        (lambda x: x * x.storage_offset(), (torch.randn(4),), "storage_offset"),
+        (
+            lambda x: x + torch.randn(4, generator=torch.Generator().manual_seed(0)),
+            (torch.randn(4),),
+            "Generator",
+        ),
+    ],
+    ids=["data_ptr", "item", "global", "requires_grad", "bool-mask", "nonzero", "twice", "offset", "object"],
+)
+def test_recording_refuses_what_a_replay_cannot_reproduce(host, args, why):
+    reason, first = _refused(host, *args)
+    assert why in reason
+    ref = host(*args)
+    assert torch.equal(first, ref) if isinstance(ref, torch.Tensor) else first == ref
+
+
+def test_derived_metadata_of_made_tensors_is_folded():
+    def host(x):
+        y = x.t().contiguous()
+        return y * y.storage_offset() + y.stride(0)
+
+    site = make_site(host, ["x"])
+    x = torch.randn(3, 5)
+    for _ in range(3):
+        assert torch.equal(site.call(x), host(x))
+    assert site.stats()["replays"] == 2
+
+
+def test_fallbacks_are_counted_by_reason():
+    site = make_site(host_add, ["x", "y", "alpha"])
+    x, y = torch.randn(8), torch.randn(8)
+    with pytest.raises(TypeError):
+        site.call(x, y, 2.0, beta=1)  # an unexpected keyword: the DSL's own path raises
+    assert torch.equal(site.call(x, y, object())[0] if False else x, x)
+    with pytest.raises(TypeError):
+        site.call(x, y, object())  # unkeyable: the DSL's own path runs (and raises as it would)
+
+    class Sub(torch.Tensor):
+        pass
+
+    s = x.as_subclass(Sub)
+    site.call(s, y, 2.0)
+
+    from torch.overrides import TorchFunctionMode
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Mode():
+        site.call(x, y, 2.0)
+    reasons = site.stats()["fallback_reasons"]
+    assert reasons["arguments do not bind: an unexpected keyword argument"] == 1
+    assert reasons["a tensor subclass argument"] == 1
+    assert reasons["a torch function mode is active"] == 1
+    assert any("alpha" in r for r in reasons)  # the unkeyable argument, named
+    assert site.stats()["replays"] == 0
+
+
+def test_state_is_folded_into_the_key():
+    setting = {"v": 1}
+
+    def host(x):
+        return x * setting["v"]
+
+    site = make_site(host, ["x"], state=[lambda: setting["v"]])
+    x = torch.randn(4)
+    assert torch.equal(site.call(x), x)
+    setting["v"] = 3
+    assert torch.equal(site.call(x), x * 3) and torch.equal(site.call(x), x * 3)
+    assert site.stats()["misses"] == 2
+
+
+def test_guard_drops_a_plan_whose_bound_call_changed():
+    class Bound:
+        def __init__(self):
+            self.run = lambda x: x + 1
+
+    b = Bound()
+    site = dsl.Site(
+        "test:guard", ["x"], lambda args: dsl.Bound(b.run, (b, "run")), fallback=lambda x: b.run(x)
+    )
+    x = torch.randn(4)
+    for _ in range(3):
+        assert torch.equal(site.call(x), x + 1)
+    b.run = lambda x: x * 5  # the DSL rebinds (a new config): the old plan must not run
+    assert torch.equal(site.call(x), x * 5)
+    assert torch.equal(site.call(x), x * 5)
+    st = site.stats()
+    assert st["stale"] == 1 and st["replays"] == 3
+
+
+def test_bind_none_runs_the_dsl_path_without_caching():
+    calls = []
+
+    def fallback(x):
+        calls.append(1)
+        return x + 2
+
+    site = dsl.Site("test:warm", ["x"], lambda args: None, fallback=fallback)
+    x = torch.randn(4)
+    for _ in range(3):
+        assert torch.equal(site.call(x), x + 2)
+    assert len(calls) == 3 and site.stats()["warmups"] == 3 and site.stats()["plans"] == 0
+
+
+def test_an_exception_in_the_dsl_path_propagates_and_caches_nothing():
+    def host(x):
+        if x.shape[0] > 3:
+            raise ValueError("too long")
+        return x + 1
+
+    site = make_site(host, ["x"])
+    with pytest.raises(ValueError, match="too long"):
+        site.call(torch.randn(5))
+    assert site.stats()["plans"] == 0
+    assert torch.equal(site.call(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_nested_site_is_one_step_of_the_outer_recording():
+    inner = make_site(lambda x: x * 2, ["x"])
+    inner_call = inner.call
+
+    def outer_host(x):
+        y = inner_call(x + 1)
+        return y - 1
+
+    outer = make_site(outer_host, ["x"])
+    x = torch.randn(4)
+    for _ in range(4):
+        assert torch.equal(outer.call(x), (x + 1) * 2 - 1)
+    assert outer.stats()["replays"] == 3
+    assert inner.stats()["replays"] >= 2  # the outer replay calls the inner site, which replays
+
+
+def test_tuple_and_list_arguments_and_results():
+    def host(xs, pair):
+        a, b = pair
+        return (torch.cat(list(xs)) * a, [b, len(xs)])
+
+    site = make_site(host, ["xs", "pair"])
+    xs = [torch.randn(2), torch.randn(3)]
+    for _ in range(3):
+        got, ref = site.call(xs, (2.0, "s")), host(xs, (2.0, "s"))
+        assert torch.equal(got[0], ref[0]) and got[1] == ref[1]
+    assert site.stats()["replays"] == 2
+
+
+def test_plan_spec_is_validated():
+    with pytest.raises(ValueError):
+        _core._Plan(1, [("call", len, [("a", 3)], None)], ("s", 0))
+    with pytest.raises(ValueError):
+        _core._Plan(1, [("call", len, [("s", 0)], None)], ("s", 0))  # a step reads only earlier steps
+    with pytest.raises(ValueError):
+        _core._Plan(1, [("jump", len, [], None)], ("c", 1))
+    p = _core._Plan(2, [("call", max, [("a", 0), ("a", 1)], None)], ("t", (("s", 0), ("c", "k"))))
+    assert p(3, 5) == (5, "k") and len(p) == 1 and p.valid
+
+
+def test_report_sums_sites():
+    site = make_site(host_add, ["x", "y", "alpha"])
+    x, y = torch.randn(8), torch.randn(8)
+    for _ in range(3):
+        site.call(x, y, 1.0)
+    rep = dsl.report(where=lambda s: s is site)
+    assert rep["sites"] == 1 and rep["replays"] == 2 and rep["fast_path"] == 1.0
+    merged = dsl.merge_reports([rep, rep])
+    assert merged["replays"] == 4 and merged["busiest"][0]["calls"] == 6
+
+
+def test_draws_from_torch_generators_in_python_are_refused_and_steps_replay_theirs():
+    def seeded(x):
+        seed = torch.randint(0, 2**30, (1,)).item()  # a Python value drawn from the generator: not a step
+        return x + seed
+
+    reason, _ = _refused(seeded, torch.randn(4))
+    assert "item" in reason or "random" in reason
+
+    def noisy(x):
+        return x + torch.rand(4)  # a step: replayed, it draws again
+
+    site = make_site(noisy, ["x"])
+    x = torch.zeros(4)
+    outs = [site.call(x) for _ in range(3)]
+    assert site.stats()["replays"] == 2
+    assert not torch.equal(outs[1], outs[2])
+    torch.manual_seed(7)
+    a = site.call(x)
+    torch.manual_seed(7)
+    assert torch.equal(a, noisy(x))  # the replay draws exactly what the DSL would
+
+
+def test_functions_of_constants_and_metadata_queries_are_folded():
+    def host(x, y):
+        dt = torch.promote_types(x.dtype, y.dtype)
+        rt = torch.result_type(x, y)
+        out = torch.empty(x.shape, dtype=dt)
+        torch.add(x, y, out=out)
+        return out, rt
+
+    site = make_site(host, ["x", "y"])
+    x, y = torch.randn(4).half(), torch.randn(4)
+    for _ in range(3):
+        got, ref = site.call(x, y), host(x, y)
+        assert torch.equal(got[0], ref[0]) and got[1] == ref[1] and got[0].dtype == torch.float32
+    assert site.stats()["replays"] == 2

@@ -1,0 +1,241 @@
+"""The DSL layer on the GPU, against the DSLs' own paths (every test is marked ``cuda``).
+
+Each call through the integration is compared bit for bit with the DSL's own path on the same inputs (Helion's
+own ``Kernel.__call__``, FlagGems' own op function), over random shapes, strides, broadcasts, non-contiguous and
+zero-size tensors, scalar operands, dtype promotion, in-place and ``out=`` forms; the calls that may replay
+must replay (the fast path is taken), and what changes Helion's or FlagGems' decision changes the key.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+DEV = "cuda"
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _clone(args):
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Helion
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def helion_on():
+    if importlib.util.find_spec("helion") is None:
+        pytest.skip("helion is not installed")
+    import jitkey.integrations.helion as jh
+
+    if jh.SUPPORTED[0] != __import__("importlib.metadata").metadata.version("helion"):
+        pytest.skip("another Helion")
+    jh.install()
+    import _dsl_helion_kernels  # noqa: F401 (imported after install: its kernels are routed)
+
+    return jh
+
+
+def _helion_cases(k, rng):
+    f32, f16 = torch.float32, torch.float16
+    cases = []
+    for _ in range(6):
+        m, n = rng.choice([1, 3, 16, 37, 128]), rng.choice([1, 8, 33, 256])
+        x = torch.randn(m, n, device=DEV, dtype=rng.choice([f32, f16]))
+        b = torch.randn(n, device=DEV, dtype=rng.choice([f32, f16]))
+        cases.append((k.add_bcast, (x, b)))
+        xt = torch.randn(n, m, device=DEV).t()  # non-contiguous
+        cases.append((k.add_bcast, (xt, torch.randn(n, device=DEV))))
+        cases.append((k.col_sum, (x,)))
+        n1 = rng.choice([0, 1, 100, 4096])  # zero-size too
+        v, w = torch.randn(n1, device=DEV), torch.randn(n1, device=DEV)
+        cases.append((k.scale_shift, (v, rng.choice([0.5, -2.0, 3.25]), rng.choice([0, 7, -3]))))
+        cases.append((k.add_out, (v, w, torch.empty(n1, device=DEV))))
+        cases.append((k.add_inplace, (v.clone(), w)))
+    return cases
+
+
+def test_helion_calls_match_helions_own_path(helion_on):
+    import _dsl_helion_kernels as k
+
+    own = helion_on._saved[0]
+    rng = random.Random(1234)
+    for kernel, args in _helion_cases(k, rng):
+        for _ in range(3):  # Helion compiles, jitkey records, jitkey replays
+            a1, a2 = _clone(args), _clone(args)
+            got = kernel(*a1)
+            want = own(kernel, *a2)
+            assert _same(got, want), (kernel.name, [getattr(a, "shape", a) for a in args])
+            assert all(_same(x, y) for x, y in zip(a1, a2, strict=True))  # in-place / out= effects equal
+    rep = helion_on.report()
+    assert rep["fallbacks"] == 0, rep["fallback_reasons"]
+    assert rep["replays"] > 0 and not rep["refused"], rep["refused"]
+
+
+def test_helion_bench_kernels_replay_bit_for_bit(helion_on):
+    from jitkey import _helion_kernels as hk
+
+    own = helion_on._saved[0]
+    x, y = torch.randn(4096, device=DEV), torch.randn(4096, device=DEV)
+    a2 = torch.randn(64, 256, device=DEV)
+    h = (torch.randn(64, 64, device=DEV, dtype=torch.float16) for _ in range(3))
+    q, kt, v = h
+    for kernel, args in [
+        (hk.add, (x, y)),
+        (hk.axpby, (x, y, 0.5, 2.0)),
+        (hk.row_sum, (a2,)),
+        (hk.softmax, (a2,)),
+        (hk.matmul, (q, kt)),
+        (hk.attention, (q, kt, v)),
+    ]:
+        for _ in range(4):
+            assert _same(kernel(*args), own(kernel, *args)), kernel.name
+        plan = kernel._jk_call.site.plan(*args)
+        assert plan is not None and not plan.bound, kernel.name  # a recorded plan, not the bound call
+        assert [kind for kind, _ in plan.steps].count("launch") >= 1
+
+
+def test_helion_reset_and_new_config_drop_plans(helion_on):
+    from jitkey import _helion_kernels as hk
+
+    x, y = torch.randn(1000, device=DEV), torch.randn(1000, device=DEV)
+    for _ in range(3):
+        hk.add(x, y)
+    site = hk.add._jk_call.site
+    assert site.plan(x, y) is not None
+    hk.add.reset()
+    assert site.plan(x, y) is None
+    for _ in range(3):
+        hk.add(x, y)
+    bound = hk.add.bind((x, y))
+    import helion
+
+    bound.set_config(helion.Config(block_sizes=[64], num_warps=2))  # Helion's bound call changes
+    stale = site.stats()["stale"]
+    assert torch.equal(hk.add(x, y), x + y)
+    assert site.stats()["stale"] == stale + 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# FlagGems
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gems_on():
+    if importlib.util.find_spec("flag_gems") is None:
+        pytest.skip("flag_gems is not installed")
+    import os
+
+    os.environ.setdefault("GEMS_VENDOR", "nvidia")
+    import jitkey.integrations.flag_gems as jf
+
+    jf.install()
+    return jf
+
+
+def _own(op):
+    return getattr(op, "_jitkey_wraps", op)
+
+
+def _gems_cases(fg, rng):
+    f32, f16 = torch.float32, torch.float16
+    cases = []
+    for _ in range(5):
+        m, n = rng.choice([1, 7, 64, 300]), rng.choice([1, 16, 255, 1024])
+        x = torch.randn(m, n, device=DEV, dtype=rng.choice([f32, f16]))
+        y = torch.randn(n, device=DEV, dtype=rng.choice([f32, f16]))  # broadcast, promotion
+        cases += [
+            (fg.add, (x, y), {}),
+            (fg.add, (x, y), {"alpha": 2}),
+            (fg.add, (x, 3.5), {}),  # scalar operand
+            (fg.mul, (x.t(), 2.0), {}),  # non-contiguous
+            (fg.sub, (x, y), {}),
+            (fg.exp, (x,), {}),
+            (fg.gelu, (x,), {"approximate": rng.choice(["none", "tanh"])}),
+            (fg.where_self, (x > 0, x, y), {}),
+            (fg.sum, (x,), {}),
+            (fg.sum_dim, (x, [1]), {}),
+            (fg.mean, (x.float(),), {}),
+            (fg.softmax, (x.float(), 1), {}),
+            (fg.index_select, (x, 0, torch.randint(0, m, (5,), device=DEV)), {}),
+        ]
+        z = torch.randn(0, n, device=DEV)
+        cases.append((fg.add, (z, z), {}))  # zero-size
+        w, b = torch.randn(n, device=DEV), torch.randn(n, device=DEV)
+        cases.append((fg.layer_norm, (x.float(), (n,), w, b, 1e-5), {}))
+        cases.append((fg.rms_norm, (x.float(), (n,), w, 1e-5), {}))
+        cases.append((fg.add_, (x.float().clone(), 1.0), {}))  # in place
+        o = torch.empty(m, 1, device=DEV, dtype=torch.float32)
+        cases.append(
+            (fg.sum_dim_out, (x.float(), [1]), {"out": o})
+        )  # out= (written keepdim, as FlagGems does)
+    return cases
+
+
+def test_flag_gems_ops_match_their_own_path(gems_on):
+    import flag_gems as fg
+
+    rng = random.Random(99)
+    for op, args, kw in _gems_cases(fg, rng):
+        for _ in range(3):  # FlagGems compiles, jitkey records, jitkey replays
+            a1, a2 = _clone(args), _clone(args)
+            k1, k2 = (dict(zip(kw, _clone(tuple(kw.values())), strict=True)) for _ in range(2))
+            got = op(*a1, **k1)
+            want = _own(op)(*a2, **k2)
+            assert _same(got, want), (op.__name__, [getattr(a, "shape", a) for a in args], kw)
+            assert all(_same(x, y) for x, y in zip((*a1, *k1.values()), (*a2, *k2.values()), strict=True))
+    rep = gems_on.report()
+    warm = rep["replays"] + rep["bound_calls"] + rep["fallbacks"]
+    assert rep["replays"] > 0.5 * warm, rep
+    assert rep["fallbacks"] == 0, rep["fallback_reasons"]
+
+
+def test_flag_gems_under_use_gems_routes_aten_calls(gems_on):
+    import flag_gems
+
+    x, y = torch.randn(4096, device=DEV), torch.randn(4096, device=DEV)
+    before = gems_on.report()["calls"]
+    with flag_gems.use_gems():
+        for _ in range(3):
+            assert torch.equal(torch.add(x, y), _own(flag_gems.add)(x, y))
+    assert gems_on.report()["calls"] >= before + 3
+
+
+def test_flag_gems_logging_runs_their_own_path(gems_on):
+    import logging
+
+    import flag_gems
+
+    x = torch.randn(1024, device=DEV)
+    for _ in range(3):
+        flag_gems.exp(x)
+    lg = logging.getLogger("flag_gems.ops.exp")
+    old = lg.level
+    lg.setLevel(logging.DEBUG)
+    try:
+        before = gems_on.report()["fallback_reasons"].get("FlagGems' logger is on for DEBUG", 0)
+        flag_gems.exp(x)
+        after = gems_on.report()["fallback_reasons"].get("FlagGems' logger is on for DEBUG", 0)
+    finally:
+        lg.setLevel(old)
+    assert after == before + 1

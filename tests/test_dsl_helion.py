@@ -1,0 +1,57 @@
+"""jitkey.integrations.helion on CPU: Helion's real host functions under Triton's interpreter, each call through
+jitkey compared bit for bit with Helion's own path (broadcast, non-contiguous, zero-size, dtype promotion,
+scalar, in-place and ``out=`` kernels), the key against what Helion decides on, and ``reset()``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+pytest.importorskip("helion")
+
+HERE = Path(__file__).parent
+
+
+def test_helion_under_the_interpreter_matches_helions_own_path(tmp_path):
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+        "HELION_CACHE_DIR": str(tmp_path / "helion"),
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
+    p = subprocess.run(
+        [sys.executable, str(HERE / "_dsl_helion_cpu.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert p.returncode == 0, p.stderr[-4000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["mismatches"] == []
+    assert out["fallbacks"] == {} and out["refused"] == {}
+    assert out["replays"] >= 14  # every case replays from its third call
+    assert out["keys_differ"] and out["scalar_keyed"] and out["grad_mode_keyed"]
+    assert out["reset_drops_plans"]
+
+
+def test_unknown_helion_version_is_refused(monkeypatch):
+    import jitkey.integrations as ji
+    import jitkey.integrations.helion as jh
+    from jitkey.errors import UnsupportedVersionError
+
+    monkeypatch.setattr(ji, "library_version", lambda dist: "9.9.9")
+    with pytest.raises(UnsupportedVersionError, match=r"1\.4\.0"):
+        jh.install()
+    assert not jh.installed()
+    st = ji.status()["helion"]
+    assert "not a supported version" in st["why"]
+    assert ji.install_available()["helion"] is not None
