@@ -302,6 +302,27 @@ def floats_case(rng: random.Random) -> tuple[dict[str, Any], list[Any]]:
     return sig, calls_
 
 
+class _FloatyInt(int):
+    """An int subclass with its own __float__: Triton's launcher calls it, so jitkey must not convert."""
+
+    def __float__(self) -> float:
+        return 0.5
+
+
+def big_int_floats_case() -> tuple[dict[str, Any], list[Any]]:
+    """Ints beyond 64 bits for float parameters: Triton's launcher converts them as float(x) does (and raises
+    past a double), so jitkey packs the same bytes or declines exactly where Triton raises (issue 24)."""
+    sig = {"b": "bf16", "c": "fp32", "d": "f32", "e": "fp64", "p": "*fp16"}
+    calls_ = []
+    for v in (2**64, 2**64 + 1, 2**70 + 12345, -(2**80) - 7, 3**100, 2**128, 2**1023, 2**1024 - 2**971):
+        calls_.append(((1, 1, 1), (1.0, v, v, v, None)))
+        calls_.append(((1, 1, 1), (v, 1.0, 1.0, 1.0, None)))
+    calls_.append(((1, 1, 1), (1.0, 2**1024, 1.0, 1.0, None)))  # too large for a double: Triton raises
+    calls_.append(((1, 1, 1), (1.0, 1.0, 1.0, -(2**2000), None)))
+    calls_.append(((1, 1, 1), (1.0, _FloatyInt(3), 1.0, 1.0, None)))  # an int subclass: Triton's to convert
+    return sig, calls_
+
+
 def tuples_case(rng: random.Random) -> tuple[dict[str, Any], list[Any]]:
     sig = {"t": ("*fp32", "i32", ("fp32", "constexpr")), "n": "i64", "C": "constexpr"}
     calls_: list[Any] = []
@@ -417,6 +438,8 @@ def main() -> None:
         out[name] = compare(sig, calls_, metas[name])
     sig, calls_ = wide_ints_case()
     out["wide_ints"] = compare(sig, calls_, (4, 1, 0, False, False))
+    sig, calls_ = big_int_floats_case()
+    out["big_int_floats"] = compare(sig, calls_, (4, 1, 0, False, False))
     # cluster of 16 (cuFuncSetAttribute first), PDL + cooperative + cluster attributes together
     sig = {"p": "*fp32", "n": "i32"}
     out["cluster16"] = compare(sig, [((2, 3, 1), (0x30000, 9))], (4, 16, 0, True, True))

@@ -154,6 +154,26 @@ def test_compare_rejects_a_file_that_is_not_a_bench_result(tmp_path: Path) -> No
     assert proc.returncode == 2 and "not a jitkey bench --json file" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    "doc",
+    [
+        '{"schema": 1, "results": [{"section": "key", "group": "g", "impl": "i", "median_ns": "fast"}]}',
+        '{"schema": 1, "results": [{"section": ["key"], "group": "g", "impl": "i", "median_ns": 1}]}',
+        '{"schema": 1, "results": [{"section": "key", "group": "g", "impl": "i", "median_ns": 1, "max_ns": null}]}',
+        '{"schema": 1, "results": [], "environment": ["not", "an", "object"]}',
+        '{"schema": 1, "results": [], "environment": {"fast_paths": {"tensor_fields": true}}}',
+    ],
+    ids=["median-str", "section-list", "max-null", "env-list", "fast-path-bool"],
+)
+def test_compare_checks_every_field_it_reads_before_the_run(tmp_path: Path, doc: str) -> None:
+    """A --compare file that would crash the comparison after the run is refused before it (issue 24)."""
+    bad = tmp_path / "old.json"
+    bad.write_text(doc)
+    proc = run_bench("--quick", "--only", "key", "--compare", str(bad))
+    assert proc.returncode == 2 and "--compare" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "[1/" not in proc.stderr
+
+
 def test_only_launch_without_a_gpu_is_an_error() -> None:
     if _has_gpu():
         pytest.skip("this machine has a GPU")

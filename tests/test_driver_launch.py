@@ -116,6 +116,20 @@ def test_claimed_calls_are_byte_identical_to_triton(summary: dict, case: str) ->
         assert s["same"] == 40 and s["declined"] == 2, s
 
 
+def test_ints_beyond_64_bits_for_float_parameters_are_packed_as_triton_converts_them(summary: dict) -> None:
+    """Triton's launcher reads a float parameter with PyFloat_AsDouble, which converts an int of any size;
+    jitkey packs the same bytes, and declines (Triton raises OverflowError) only past a double, or for an int
+    subclass whose __float__ Triton would call; each decline says what happened."""
+    s = summary["big_int_floats"]
+    assert s["mismatch"] == [], s["mismatch"][:5]
+    assert (s["same"], s["declined"]) == (16, 3), s
+    assert s["declined_triton"] == {"raised": 2, "launched": 1}, s
+    assert set(s["counts"]["declined"]) == {
+        "a float argument is NaN, or too large for its float type (or an int too large for a double)",
+        "a float argument is neither a float nor an exact int",
+    }, s["counts"]
+
+
 def test_ints_outside_their_type_are_read_as_triton_reads_them(summary: dict) -> None:
     s = summary["wide_ints"]
     if summary["dialect"] == "3.9":

@@ -250,6 +250,16 @@ class DiskIndex:
     def default_directory(cls) -> pathlib.Path | None:
         """The directory used when ``path`` is ``None`` (from the environment)."""
 
+def _verify_index(path: str | os.PathLike[str], lock_wait: float = 10.0) -> dict[str, Any]:
+    """``jitkey cache verify``'s check: every record of the log in ``path`` as committed when the call
+    starts (its length read under the writers' lock, shared, waiting at most ``lock_wait`` seconds; the
+    bytes below it from the same descriptor), so appends and compactions by other processes meanwhile are
+    not seen. Creates and writes nothing.
+
+    Returns ``path``, ``locked``, ``snapshot_bytes``, ``valid_bytes``, ``unvalidated_bytes``, ``records``,
+    ``entries``, ``live_bytes``, ``generation``; or ``path`` and ``problem`` when the file is not a usable
+    index. Raises ``FileNotFoundError`` when there is none, ``OSError`` when it cannot be read."""
+
 def _after_fork_in_child() -> None:
     """Registered with ``os.register_at_fork(after_in_child=...)`` at import: frees a forked child
     from the locks of every live :class:`DiskIndex` that another thread of the parent held at the
@@ -429,8 +439,9 @@ class _TritonLauncher:
     ``_jk_miss(grid, args, kwargs) -> (result, _TritonEntry | None)`` and stores the entry; anything else
     calls its ``_jk_native_fallback(reason, grid, args, kwargs)``; its ``_jk_check_globals()`` checks the
     globals. ``info`` is the ``TritonInfo`` (``knobs``, ``knob_reads``, ``checks_stages_hook``,
-    ``HookChain``); ``runtime`` has ``get_device()`` and ``get_stream(device)``; ``npos`` parameters may be
-    passed positionally.
+    ``HookChain``, ``run_keywords``: a keyword argument named like one of ``JITFunction.run``'s own goes to
+    Triton's path, which raises or consumes it); ``runtime`` has ``get_device()`` and ``get_stream(device)``;
+    ``npos`` parameters may be passed positionally.
     """
 
     def __new__(

@@ -62,15 +62,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check_output(p: argparse.ArgumentParser, opt: str, path: str) -> None:
-    """Fail before the run (not after it) when an output path cannot be written."""
+    """Fail before the run (not after it) when an output path cannot be written. Any error of the
+    check itself (an unsearchable parent, a name too long) is such a failure, as one usage line."""
     target = Path(path)
-    if target.is_dir():
-        p.error(f"{opt} {path}: is a directory")
     parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir():
-        p.error(f"{opt} {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        p.error(f"{opt} {path}: not writable")
+    try:
+        if target.is_dir():
+            p.error(f"{opt} {path}: is a directory")
+        if not parent.is_dir():
+            p.error(f"{opt} {path}: directory {parent} does not exist")
+        if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+            p.error(f"{opt} {path}: not writable")
+    except OSError as e:
+        p.error(f"{opt} {path}: {e.strerror or e}")
+
+
+def _write_output(opt: str, path: str, write: Any) -> None:
+    """Writes one output after the run; a failure (a full disk, a path that became unwritable) is one
+    line and exit status 1, not a traceback (the table was already printed)."""
+    from jitkey.cli import CliError, os_error_text
+
+    try:
+        write()
+    except OSError as e:
+        raise CliError(f"{opt} {path}: writing failed: {os_error_text(e)}", 1) from None
 
 
 def validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any] | None:
@@ -147,17 +162,19 @@ def run(args: argparse.Namespace, argv: list[str], p: argparse.ArgumentParser | 
         if to_stdout_json:
             sys.stdout.write(doc + "\n")
         else:
-            Path(args.json).write_text(doc)
+            _write_output("--json", args.json, lambda: Path(args.json).write_text(doc))
             progress(f"wrote {args.json}")
     if args.plot:
-        write_plot(results, env, args.plot)
+        _write_output("--plot", args.plot, lambda: write_plot(results, env, args.plot))
         progress(f"wrote {args.plot}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """``jitkey bench`` with its own parser (argv without the ``bench`` word)."""
+    from jitkey.cli import guarded
+
     p = argparse.ArgumentParser(prog="jitkey bench", description=DESCRIPTION)
     add_arguments(p)
-    argv = sys.argv[1:] if argv is None else argv
-    return run(p.parse_args(argv), argv, p)
+    args = sys.argv[1:] if argv is None else argv
+    return guarded("jitkey bench", lambda: run(p.parse_args(args), args, p))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 import sys
 import time
@@ -264,9 +265,20 @@ def load_results(path: str) -> dict[str, Any]:
             raise ValueError(f"not JSON ({e})") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("results"), list):
         raise ValueError(f"not a jitkey bench --json file of schema {SCHEMA}")
-    for r in doc["results"]:
+    for i, r in enumerate(doc["results"]):
         if not isinstance(r, dict) or not {"section", "group", "impl", "median_ns"} <= r.keys():
             raise ValueError("a result lacks section/group/impl/median_ns")
+        if not all(isinstance(r[k], str) for k in ("section", "group", "impl")):
+            raise ValueError(f"result #{i}: section, group and impl must be strings")
+        for k in ("median_ns", "min_ns", "max_ns"):
+            v = r.get(k, 0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"result #{i}: {k} must be a number of nanoseconds, got {v!r}")
+    env = doc.get("environment", {})
+    if not isinstance(env, dict) or not isinstance(env.get("fast_paths", {}), dict):
+        raise ValueError("environment must be an object (with fast_paths an object)")
+    if not all(isinstance(v, dict) or v is None for v in env.get("fast_paths", {}).values()):
+        raise ValueError("environment.fast_paths must map names to objects")
     return doc
 
 

@@ -49,6 +49,15 @@ class TritonInfo:
         self.run = JITFunction.run
         self.knobs = knobs
         self.HookChain: type | None = getattr(knobs, "HookChain", None)
+        #: The names ``JITFunction.run`` takes for itself (``grid``, ``warmup``): a keyword argument of a launch
+        #: with one of these names is never bound to a kernel parameter (Triton raises or consumes it), so such
+        #: a call always takes Triton's own path.
+        self.run_keywords: tuple[str, ...] = tuple(
+            p.name
+            for p in inspect.signature(JITFunction.run).parameters.values()
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            and p.name != "self"
+        )
         self.knob_reads: list[tuple[str, str, str]] = []  # (kwarg name, knobs section, attribute)
         self.checks_stages_hook = False
         # CudaLauncher.__call__ when its code is exactly one this package knows (see _FORWARDING_CALLS),

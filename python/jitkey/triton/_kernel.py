@@ -247,8 +247,16 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
 
     # -- jitkey's API ----------------------------------------------------------------------------------
     def cache_stats(self) -> dict[str, Any]:
-        """``hits``, ``misses``, ``entries``, ``fallbacks`` (total) and ``fallback_reasons`` ({reason: n})."""
-        return {**self._jk_stats.snapshot(), "fast_path_problem": self.fast_path_problem}
+        """``hits``, ``misses``, ``entries``, ``fallbacks`` (total) and ``fallback_reasons`` ({reason: n});
+        ``remote_compile``: the process's remote compile cache counters (``jitkey.triton.remote_cache.stats``:
+        compiled files served from the Redis tier, absent, refused, stored)."""
+        from jitkey.triton import remote_cache
+
+        return {
+            **self._jk_stats.snapshot(),
+            "fast_path_problem": self.fast_path_problem,
+            "remote_compile": remote_cache.stats(),
+        }
 
     def key_of(self, args: Iterable[Any], kwargs: dict[str, Any] | None = None, *, device: int) -> bytes:
         """The key bytes a call with ``args``/``kwargs`` on ``device`` would use (raises :class:`Unkeyable`
@@ -558,10 +566,14 @@ def install() -> None:
     """Route every kernel decorated from now on with ``triton.jit`` (``triton.jit``,
     ``triton.runtime.jit.jit``) through jitkey. Kernels defined in Triton's own modules, and the kernels torch's
     Inductor generates, stay Triton's (counted by reason in ``report()["kept"]``); kernels decorated before
-    the call are unchanged. Idempotent; undone by :func:`uninstall`."""
+    the call are unchanged. With ``JITKEY_REMOTE_CACHE`` set and no cache manager configured, Triton's compile
+    cache becomes :class:`jitkey.triton.remote_cache.TieredCacheManager` (local files first, then the Redis
+    tier; see that module for what it trusts). Idempotent; undone by :func:`uninstall`."""
     global _saved
     import triton
     from triton.runtime import jit as jit_module
+
+    from jitkey.triton import remote_cache
 
     with _install_lock:
         if _saved is not None:
@@ -570,11 +582,14 @@ def install() -> None:
         _saved = [(obj, name, getattr(obj, name)) for obj, name in targets]
         for obj, name in targets:
             setattr(obj, name, _routed_jit)
+        remote_cache._wire()
 
 
 def uninstall() -> None:
     """Undo :func:`install` (kernels already made stay jitkey kernels)."""
     global _saved
+    from jitkey.triton import remote_cache
+
     with _install_lock:
         if _saved is None:
             return
@@ -582,6 +597,7 @@ def uninstall() -> None:
             if getattr(obj, name, None) is _routed_jit:
                 setattr(obj, name, value)
         _saved = None
+        remote_cache._unwire()
 
 
 def installed() -> bool:

@@ -104,6 +104,9 @@ pub(crate) struct Launcher {
     names: Vec<Py<PyString>>,
     /// How many parameters may be passed positionally (the rest are keyword-only).
     npos: usize,
+    /// The names `JITFunction.run` takes for itself (`grid`, `warmup`; interned): a keyword argument
+    /// so named is never bound here (Triton raises `TypeError` for it, or consumes it).
+    run_keywords: Vec<Py<PyString>>,
 }
 
 fn borrowed<'a, 'py>(py: Python<'py>, p: *mut ffi::PyObject) -> Borrowed<'a, 'py, PyAny> {
@@ -182,7 +185,18 @@ impl Launcher {
         };
         slots[..nargs].copy_from_slice(pos);
         for (&k, &v) in kw_names.iter().zip(kw_values) {
-            let j = self.names.iter().position(|name| name.as_ptr() == k).or_else(|| {
+            let by_ptr = self.names.iter().position(|name| name.as_ptr() == k);
+            // An interned name equal to a run keyword is that keyword's object; any other spelling of it
+            // is compared by value below (off the usual path: names at a call site are interned).
+            if self.run_keywords.iter().any(|r| r.as_ptr() == k)
+                || (by_ptr.is_none() && self.is_run_keyword(py, k))
+            {
+                let name = borrowed(py, k).to_string();
+                return Err(format!(
+                    "'{name}' is a keyword argument of JITFunction.run itself, never a kernel argument"
+                ));
+            }
+            let j = by_ptr.or_else(|| {
                 let key = borrowed(py, k);
                 let key = key.cast::<PyString>().ok()?;
                 let key = key.to_str().ok()?;
@@ -212,6 +226,15 @@ impl Launcher {
             b.opts.sort_by_cached_key(|&(k, _)| name(k));
         }
         Ok(())
+    }
+
+    /// Whether keyword `k` (not interned, or not a parameter's name) spells a run keyword.
+    #[cold]
+    fn is_run_keyword(&self, py: Python<'_>, k: *mut ffi::PyObject) -> bool {
+        let key = borrowed(py, k);
+        let Ok(key) = key.cast::<PyString>() else { return false };
+        let Ok(key) = key.to_str() else { return false };
+        self.run_keywords.iter().any(|r| r.bind(py).to_str().is_ok_and(|r| r == key))
     }
 
     /// Writes the key: header, device, knob state, sorted launch options, parameters.
@@ -383,7 +406,8 @@ impl Launcher {
     /// `_TritonLauncher(kernel, sig, cache, info, runtime, npos, /)`: data only. The callbacks are
     /// the kernel's own methods, found by name: `_jk_miss`, `_jk_native_fallback`,
     /// `_jk_check_globals`; `info` is the `TritonInfo` (`knobs`, `knob_reads`,
-    /// `checks_stages_hook`, `HookChain`); `runtime` has `get_device()` and `get_stream(device)`.
+    /// `checks_stages_hook`, `HookChain`, `run_keywords`); `runtime` has `get_device()` and
+    /// `get_stream(device)`.
     #[new]
     #[pyo3(signature = (kernel, sig, cache, info, runtime, npos, /))]
     fn new(
@@ -405,6 +429,11 @@ impl Launcher {
             knobs.push((knobs_obj.getattr(section.as_str())?.unbind(), PyString::intern(py, &attr).unbind()));
         }
         let hook_chain = info.getattr("HookChain")?;
+        let mut run_keywords = Vec::new();
+        for name in info.getattr("run_keywords")?.try_iter()? {
+            let name: String = name?.extract()?;
+            run_keywords.push(PyString::intern(py, &name).unbind());
+        }
         Ok(Self {
             sig,
             cache,
@@ -420,6 +449,7 @@ impl Launcher {
             check_globals: kernel.getattr("_jk_check_globals")?.unbind(),
             names,
             npos,
+            run_keywords,
         })
     }
 
