@@ -388,13 +388,12 @@ def test_triton_internals_detected():
 
 
 def test_unknown_triton_rule_disables_fast_path():
-    info = _installed.TritonInfo.__new__(_installed.TritonInfo)
-    info.version, info.knob_reads = "x", []
     src = 'kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug\nkwargs["new"] = f(x)\n'
-    assert "unknown rule" in info._scan_run(src)
-    info.knob_reads = []
+    problem, reads, _ = _installed._scan_run(src, "x")
+    assert problem is not None and "unknown rule" in problem and reads == []
     src = 'kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug\nknobs.runtime.fancy\n'
-    assert "knobs.runtime.fancy" in info._scan_run(src)
+    problem, _, _ = _installed._scan_run(src, "x")
+    assert problem is not None and "knobs.runtime.fancy" in problem
 
 
 # --- fallbacks -------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ The same facts head the bench's table and JSON, so two bench results can be told
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
@@ -95,6 +96,17 @@ def disk_index(
     return out
 
 
+def _no_index_created() -> contextlib.AbstractContextManager[None]:
+    """Reading the Triton binding's facts stores nothing in a disk index that does not exist yet."""
+    if importlib.util.find_spec("triton") is None:
+        return contextlib.nullcontext()
+    try:
+        from jitkey.triton import _installation
+    except ImportError:  # a Triton jitkey.triton cannot import: fast_paths() reports it
+        return contextlib.nullcontext()
+    return _installation.passive()
+
+
 def collect(*, decide: bool = True) -> dict[str, Any]:
     """Everything ``jitkey info`` reports, as plain JSON-able data.
 
@@ -116,7 +128,8 @@ def collect(*, decide: bool = True) -> dict[str, Any]:
         "triton": _version("triton"),
     }
     info.update(_gpu() if decide else {"cuda": None, "gpu": None, "gpu_capability": None})
-    info["fast_paths"] = _fastpaths.fast_paths(decide=decide, triton=decide)
+    with _no_index_created() if decide else contextlib.nullcontext():
+        info["fast_paths"] = _fastpaths.fast_paths(decide=decide, triton=decide)
     info["disk_index"] = disk_index()
     info["env"] = env
     return info

@@ -43,7 +43,9 @@ except ImportError as _exc:  # pragma: no cover - exercised by the packaging tes
         "jitkey.triton needs Triton: pip install 'jitkey[triton]' (or install triton yourself)"
     ) from _exc
 
-from typing import Any
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 from jitkey.triton._installed import Unkeyable, triton_info
 from jitkey.triton._kernel import (
@@ -53,11 +55,38 @@ from jitkey.triton._kernel import (
     installed,
     jit,
     kept,
+    kernels_made,
     plain,
     registry,
     uninstall,
 )
-from jitkey.triton.autotune import PersistentAutotuner, autotune
+
+if TYPE_CHECKING:
+    from jitkey.triton.autotune import PersistentAutotuner, autotune
+
+
+class _Package(types.ModuleType):
+    """This package's module type: :func:`autotune` and :class:`PersistentAutotuner` are imported at first use
+    (a kernel library that only decorates kernels does not pay for the autotuner at import), and the name
+    ``autotune`` stays the function even after the submodule of that name is imported (which binds the
+    submodule to its package's attribute)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("PersistentAutotuner", "autotune"):
+            import importlib
+
+            value = getattr(importlib.import_module("jitkey.triton.autotune"), name)
+            setattr(self, name, value)
+            return value
+        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "autotune" and isinstance(value, types.ModuleType):
+            value = value.autotune
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "PersistentAutotuner",
@@ -123,6 +152,7 @@ def report(top: int = 10) -> dict[str, Any]:
             }
         )
     out = merge_reports(per_kernel, top)
+    out["kernels"] = kernels_made()  # every kernel made, used or not (only used ones have statistics)
     out["kept"] = dict(kept)
     return out
 

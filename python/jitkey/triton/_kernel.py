@@ -104,14 +104,26 @@ class KernelStats:
             self._plans = weakref.WeakKeyDictionary()
 
 
-_registry_lock = threading.Lock()
+_registry_lock = threading.RLock()
 _registry: list[KernelStats] = []
+_made = [0]  # jitkey kernels made in this process (decorated, copied, unpickled)
 
 
 def registry() -> list[KernelStats]:
-    """Every jitkey kernel made in this process (its statistics; the kernels may be gone)."""
+    """Every jitkey kernel of this process that was launched or inspected (its statistics; the kernels may be
+    gone). A kernel gets its statistics at its first use, not at decoration."""
     with _registry_lock:
         return list(_registry)
+
+
+def kernels_made() -> int:
+    """How many jitkey kernels this process made (decorated, copied or unpickled), used or not."""
+    return _made[0]
+
+
+def _count_made() -> None:
+    with _registry_lock:
+        _made[0] += 1
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -130,9 +142,19 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
     :meth:`cache_stats`, :meth:`key_of` and :attr:`fast_path_problem`.
     """
 
+    # jitkey's own part of a kernel before its first use: class attributes, so that decoration (and a copy, an
+    # unpickling) costs what a JITFunction costs; the first launch or inspection makes the rest (_jk_prepare).
+    _jk_ready = False
+    _jk_launch: Callable[..., Any] | None = None
+    _jk_key_launcher: Any = None
+    _jk_problem: str | None = None
+    _jk_sig: Signature | None = None
+    _jk_cache: LruCache | None = None
+    _jk_stats: KernelStats = None  # type: ignore[assignment]  # made by _jk_prepare
+
     def __init__(self, fn: Any, *args: Any, **kwargs: Any) -> None:
         JITFunction.__init__(self, fn, *args, **kwargs)
-        self._jk_reset()
+        _count_made()
 
     @classmethod
     def _of(cls, jit_fn: Any) -> TritonKernel:
@@ -164,7 +186,7 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         """Restore a ``JITFunction``'s state and start jitkey's part afresh (an empty cache, made at the first
         launch). Works on the stripped state Inductor's ``prepare_for_pickle`` leaves (``fn`` set to None)."""
         self.__dict__.update(state)
-        self._jk_reset()
+        _count_made()
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         """``copy.deepcopy`` and ``pickle`` (any protocol): rebuilt from :meth:`__getstate__`, so they copy
@@ -178,33 +200,26 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         k.__setstate__(self.__getstate__())
         return k
 
-    def _jk_reset(self) -> None:
-        """jitkey's own part, empty. Only what is cheap happens here (decoration, copies, unpickling); the
-        static checks, the ``Signature`` and the cache are made at the first use (:meth:`_jk_prepare`)."""
-        self._jk_lock = threading.Lock()
-        self._jk_launch: Callable[..., Any] | None = None
-        self._jk_key_launcher: Any = None
-        self._jk_ugv_src: object = None
-        self._jk_ugv_snap: list[list[Any]] = []
-        self._jk_logged: set[str] = set()
-        self._jk_ready = False
-        self._jk_problem: str | None = None
-        self._jk_sig: Signature | None = None
-        self._jk_cache: LruCache | None = None
-        d = self.__dict__  # JITFunction keeps the function's names there (fn itself may be None: see above)
-        self._jk_stats = KernelStats(f"{d.get('__module__')}:{d.get('__qualname__')}")
-        with _registry_lock:
-            _registry.append(self._jk_stats)
-        weakref.finalize(self, self._jk_stats._freeze)
-
     def _jk_prepare(self) -> None:
-        """Once per kernel, at the first launch (or :attr:`fast_path_problem`, :meth:`key_of`): the static
-        checks, the ``Signature`` of its parameters and its cache."""
+        """Once per kernel, at the first launch (or :attr:`fast_path_problem`, :meth:`key_of`,
+        :meth:`cache_stats`): jitkey's own state and statistics, the static checks, the ``Signature`` of its
+        parameters and its cache."""
         if self._jk_ready:
             return
-        with self._jk_lock:
+        with _registry_lock:
             if self._jk_ready:
                 return
+            self._jk_lock = threading.Lock()
+            self._jk_ugv_src: object = None
+            self._jk_ugv_snap: list[list[Any]] = []
+            self._jk_logged: set[str] = set()
+            d = (
+                self.__dict__
+            )  # JITFunction keeps the function's names there (fn itself may be None: see above)
+            stats = KernelStats(f"{d.get('__module__')}:{d.get('__qualname__')}")
+            _registry.append(stats)
+            weakref.finalize(self, stats._freeze)
+            self._jk_stats = stats
             problem = self._check_static()
             if problem is None:
                 try:
@@ -213,7 +228,7 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
                     problem = f"{type(exc).__name__}: {exc}"
             if problem is None:
                 self._jk_cache = LruCache(_CAPACITY)
-                self._jk_stats._cache = self._jk_cache
+                stats._cache = self._jk_cache
             self._jk_problem = problem
             self._jk_ready = True
 
@@ -248,7 +263,8 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
     # -- jitkey's API ----------------------------------------------------------------------------------
     def cache_stats(self) -> dict[str, Any]:
         """``hits``, ``misses``, ``entries``, ``fallbacks`` (total) and ``fallback_reasons`` ({reason: n})."""
-        return {**self._jk_stats.snapshot(), "fast_path_problem": self.fast_path_problem}
+        problem = self.fast_path_problem
+        return {**self._jk_stats.snapshot(), "fast_path_problem": problem}
 
     def key_of(self, args: Iterable[Any], kwargs: dict[str, Any] | None = None, *, device: int) -> bytes:
         """The key bytes a call with ``args``/``kwargs`` on ``device`` would use (raises :class:`Unkeyable`
