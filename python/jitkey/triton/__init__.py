@@ -112,14 +112,19 @@ def fast_paths() -> dict[str, dict[str, Any]]:
     ``direct_launch``: hits call the CUDA launcher's compiled ``launch`` rather than ``ck.run``;
     ``driver_launch``: hits pack the kernel's parameters and call ``cuLaunchKernelEx`` themselves (off when
     the installed Triton's launcher code is not one jitkey mirrors, Triton 3.6.0's or 3.9.0's, or under
-    ``JITKEY_DRIVER_LAUNCH=0``).
+    ``JITKEY_DRIVER_LAUNCH=0``); ``l2``: a launch that misses in memory loads a kernel an earlier process compiled
+    from jitkey's disk index instead of Triton's compile path (off under ``JITKEY_TRITON_L2=0``, for a Triton whose
+    compile and cache code jitkey does not know, or without a usable disk index; see :mod:`jitkey.triton._l2`).
     """
+    from jitkey.triton import _l2
+
     info = triton_info()
     return {
         "binding": {"on": not plain(), "why": "JITKEY_TRITON=plain" if plain() else None},
         "native_launcher": {"on": info.problem is None, "why": info.problem},
         "direct_launch": {"on": info.launcher_call is not None, "why": info.launcher_problem},
         "driver_launch": {"on": info.driver_launch_problem is None, "why": info.driver_launch_problem},
+        "l2": _l2.status(),
     }
 
 
@@ -131,8 +136,11 @@ def report(top: int = 10) -> dict[str, Any]:
     fallbacks): the share of launches that did not compile and took the fast path), ``driver_launches`` (hits
     that jitkey packed and launched itself), ``launcher_reasons`` (hits a launch plan declined and handed to
     Triton's launcher, by reason), ``unplanned_variants`` (compiled variants without a launch plan, by reason:
-    all their hits use Triton's launcher), ``kept`` (kernels :func:`install` left to Triton, by reason: Triton's
-    own, Inductor's) and the ``busiest`` kernels by launches.
+    all their hits use Triton's launcher), ``l2_hits`` (misses served from jitkey's disk index: a kernel an earlier
+    process compiled, loaded without Triton's compile path), ``l2_misses`` (misses the index did not have: Triton
+    compiled or loaded them), ``l2_recorded`` (kernels Triton gave that were recorded for later processes),
+    ``l2_skipped`` (misses left to Triton's path, by reason), ``kept`` (kernels :func:`install` left to Triton, by
+    reason: Triton's own, Inductor's) and the ``busiest`` kernels by launches.
     """
     per_kernel = []
     for ks in registry():
@@ -148,6 +156,10 @@ def report(top: int = 10) -> dict[str, Any]:
                 "driver_launches": s["driver_launches"],
                 "launcher_reasons": s["launcher_reasons"],
                 "unplanned_variants": s["unplanned_variants"],
+                "l2_hits": s["l2_hits"],
+                "l2_misses": s["l2_misses"],
+                "l2_recorded": s["l2_recorded"],
+                "l2_skipped": s["l2_skipped"],
                 "busiest": [{"kernel": ks.name, "launches": launches, **counts}],
             }
         )
@@ -161,6 +173,8 @@ def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
     """Sum fast-path reports (of several kernels, or of several processes' :func:`report`) into one."""
     out: dict[str, Any] = {"kernels": 0, "launches": 0, "hits": 0, "misses": 0, "fallbacks": 0}
     driver = 0
+    l2 = {"l2_hits": 0, "l2_misses": 0, "l2_recorded": 0}
+    l2_skipped: dict[str, int] = {}
     reasons: dict[str, int] = {}
     launcher: dict[str, int] = {}
     unplanned: dict[str, int] = {}
@@ -176,6 +190,10 @@ def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
             launcher[why] = launcher.get(why, 0) + n
         for why, n in r.get("unplanned_variants", {}).items():
             unplanned[why] = unplanned.get(why, 0) + n
+        for k in l2:  # reports of older jitkey versions lack the L2 counts
+            l2[k] += r.get(k, 0)
+        for why, n in r.get("l2_skipped", {}).items():
+            l2_skipped[why] = l2_skipped.get(why, 0) + n
         for why, n in r.get("kept", {}).items():
             kept_[why] = kept_.get(why, 0) + n
         for b in r["busiest"]:
@@ -188,6 +206,8 @@ def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
     out["driver_launches"] = driver
     out["launcher_reasons"] = dict(sorted(launcher.items(), key=lambda kv: -kv[1]))
     out["unplanned_variants"] = dict(sorted(unplanned.items(), key=lambda kv: -kv[1]))
+    out.update(l2)
+    out["l2_skipped"] = dict(sorted(l2_skipped.items(), key=lambda kv: -kv[1]))
     out["kept"] = dict(sorted(kept_.items(), key=lambda kv: -kv[1]))
     ranked = sorted(busiest.items(), key=lambda kv: -kv[1]["launches"])[:top]
     out["busiest"] = [{"kernel": name, **d} for name, d in ranked]

@@ -88,7 +88,8 @@ def index() -> DiskIndex | None:
 
 
 def index_problem() -> str | None:
-    """Why results do not persist across processes (``None``: they do), after :func:`index`."""
+    """Why results do not persist across processes (``None``: they do, or, under :func:`passive`, the index is
+    not created yet), after :func:`index`."""
     index()
     return _index_problem
 
@@ -124,22 +125,34 @@ def fingerprint() -> bytes:
 
 
 def _codes(obj: Any) -> Iterable[tuple[str, Any]]:
-    """``(name, code or value)`` for what ``inspect`` would read of ``obj``."""
+    """``(name, code or text)`` for what ``inspect`` reads of ``obj``: a function's code (and, for a wrapper,
+    the code it wraps: ``inspect`` shows that one), a class's functions, a plain value's ``repr``."""
     if isinstance(obj, type):
         for name, member in sorted(vars(obj).items()):
-            if isinstance(member, (staticmethod, classmethod)):
-                member = member.__func__
-            if isinstance(member, property):
-                for part in (member.fget, member.fset, member.fdel):
-                    yield from _codes(part) if part is not None else ()
-            elif isinstance(member, types.FunctionType):
-                yield f"{obj.__qualname__}.{name}", member.__code__
+            if callable(member) or isinstance(member, (staticmethod, classmethod, property)):
+                yield from _member_codes(f"{obj.__qualname__}.{name}", member, 0)
+        return
+    yield from _member_codes(str(getattr(obj, "__qualname__", type(obj).__qualname__)), obj, 0)
+
+
+def _member_codes(name: str, obj: Any, depth: int) -> Iterable[tuple[str, Any]]:
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if isinstance(obj, property):
+        for part in (obj.fget, obj.fset, obj.fdel):
+            if part is not None:
+                yield from _member_codes(name, part, depth + 1)
         return
     code = getattr(obj, "__code__", None)
     if isinstance(code, types.CodeType):
-        yield str(getattr(obj, "__qualname__", "?")), code
+        yield name, code
+    elif callable(obj):  # a wrapper object (functools.lru_cache): its type, never its address
+        yield name, type(obj).__qualname__
     else:
-        yield type(obj).__qualname__, repr(obj)
+        yield name, repr(obj)
+    wrapped = getattr(obj, "__wrapped__", None)
+    if wrapped is not None and depth < 8:
+        yield from _member_codes(f"{name}.__wrapped__", wrapped, depth + 1)
 
 
 def _code_key(code: types.CodeType) -> tuple[Any, ...]:
