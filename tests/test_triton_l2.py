@@ -385,3 +385,82 @@ def test_watched_or_altered_compiles_stay_on_tritons_path(tmp_path: Path) -> Non
         "a cache manager other than Triton's default (TRITON_CACHE_MANAGER)"
     }
     assert l2(scene.run("jitkey", watch=True), "l2_hits") == len(SMALL)  # nothing of that touched the records
+
+
+LAZY = r"""
+import json, sys
+sys.path.insert(0, {tests!r})
+import _l2_child as c
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.driver import driver
+import triton
+from triton.backends.nvidia.driver import CudaLauncher
+from jitkey.triton import _l2
+
+made = []
+class Launcher(c.Launcher):  # the recording launcher, counting how often it is made
+    def __init__(self, src, metadata):
+        made.append(1)
+        super().__init__(src, metadata)
+
+drv = c.FakeDriver()
+drv.launcher_cls = Launcher
+driver.set_active(drv)
+spec = __import__("importlib").util.spec_from_file_location("l2_kernels", {module!r})
+mod = __import__("importlib").util.module_from_spec(spec); spec.loader.exec_module(mod)
+src = ASTSource(mod.add, {{"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}},
+                {{(4,): 256}}, {{(0,): [["tt.divisibility", 16]]}})
+out = {{}}
+for shared in (None, 10**9):
+    a = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+    b = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+    if shared is not None:
+        for ck in (a, b):
+            ck.metadata = ck.metadata._replace(shared=shared)
+    res = []
+    for ck, init in ((a, lambda ck: ck._init_handles()), (b, _l2._init_handles_36)):
+        made.clear()
+        try:
+            init(ck)
+            res.append(["ok", len(made)])
+        except Exception as exc:
+            res.append(["raised", f"{{type(exc).__name__}}: {{exc}}", len(made)])
+            try:
+                ck.run(1, 1, 1)
+            except Exception as again:
+                res[-1].append(f"{{type(again).__name__}}: {{again}}")
+        res[-1].append({{k: v for k, v in vars(ck).items() if k in ("n_regs", "n_spills", "n_max_threads")}})
+        res[-1].append(c.LOADS[-1] if c.LOADS else None)  # what was loaded: name, binary digest, shared, device
+    lazy_made = len(made)
+    if shared is None:
+        b.run(4, 1, 1, 7, b.function, b.packed_metadata, None, None, None, 1, 2, 3, 4, 256)  # a call builds it
+        res.append([lazy_made, len(made), type(b._run).__name__, c.LAUNCHES[-1]])
+    out[str(shared)] = res
+print(json.dumps(out, default=repr))
+"""
+
+
+def test_the_lazy_launcher_loads_as_triton_and_builds_the_launcher_at_its_first_call(tmp_path: Path) -> None:
+    """Under 3.6, ``_init_handles_36`` is ``CompiledKernel._init_handles`` with the launcher made at its first call:
+    the same module load, the same errors (too much shared memory), and no launcher until one is needed."""
+    from jitkey.triton import _l2
+
+    if _l2._code_status()[0] != "3.6":
+        pytest.skip("the lazy launcher is Triton 3.6's (3.9 builds no launcher per kernel)")
+    scene = Scene(tmp_path)
+    script = tmp_path / "lazy.py"
+    script.write_text(LAZY.format(tests=str(HERE), module=str(scene.module)))
+    env = {**os.environ, "TRITON_CACHE_DIR": str(scene.triton_cache), "JITKEY_CACHE_DIR": str(scene.index)}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    rep = json.loads(out.stdout.strip().splitlines()[-1])
+    triton_ok, lazy_ok, (made_before, made_after, run_type, launch) = rep["None"]
+    assert triton_ok[0] == "ok" and triton_ok[1] == 1  # Triton makes its launcher in _init_handles
+    assert lazy_ok == ["ok", 0, *triton_ok[2:]]  # the same module load and handles, no launcher yet
+    assert (made_before, made_after, run_type) == (0, 1, "Launcher") and launch[:3] == [4, 1, 1]
+    triton_err, lazy_err = rep[str(10**9)]
+    assert triton_err[0] == lazy_err[0] == "raised" and "shared memory" in triton_err[1]
+    assert (
+        triton_err[1:2] + triton_err[3:] == lazy_err[1:2] + lazy_err[3:]
+    )  # same error, same error again after

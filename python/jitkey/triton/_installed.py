@@ -325,7 +325,8 @@ def launch_plan(ck: Any, run: Any, nparams: int) -> tuple[_LaunchPlan | None, st
     dialect = info.launch_dialect
     if info.driver_launch_problem is not None or dialect is None:
         return None, info.driver_launch_problem
-    if type(run).__call__ is not info.plan_call:
+    lazy = type(run) is LazyLauncher36 and dialect == "3.6"
+    if type(run).__call__ is not info.plan_call and not lazy:
         return None, "ck.run is not the CUDA launcher jitkey knows"
     try:
         sig = ck.src.signature
@@ -345,6 +346,9 @@ def launch_plan(ck: Any, run: Any, nparams: int) -> tuple[_LaunchPlan | None, st
             if run.kernel_signature != nv.make_kernel_signature(list(sig.values())):
                 return None, "Triton's launcher packs another signature than the compiled kernel's"
             profile_allocator = _ProfileScratch39()
+        elif lazy:
+            if LazyLauncher36.wraps(sig):
+                return None, "Triton's launcher wraps this kernel's launch (tensor descriptors)"
         elif type(run.launch) is not types.BuiltinFunctionType:
             return None, "Triton's launcher wraps this kernel's launch (tensor descriptors)"
 
@@ -365,6 +369,52 @@ def launch_plan(ck: Any, run: Any, nparams: int) -> tuple[_LaunchPlan | None, st
     except (AttributeError, TypeError, ValueError, OverflowError, RuntimeError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
     return plan, None
+
+
+class LazyLauncher36:
+    """Triton 3.6's ``CudaLauncher`` of a compiled kernel that jitkey launches itself (a kernel its disk index
+    gave, see ``jitkey.triton._l2``): the fields ``CudaLauncher.__init__`` sets from the metadata, for the
+    launch plan, and the C launcher (generated, compiled or loaded from Triton's cache, imported) built only
+    at the first call that needs it: a launch the plan declines, Triton's own path, ``ck[grid]``."""
+
+    __slots__ = (
+        "_ck",
+        "_real",
+        "global_scratch_align",
+        "global_scratch_size",
+        "launch_cooperative_grid",
+        "launch_pdl",
+        "num_ctas",
+        "profile_scratch_align",
+        "profile_scratch_size",
+    )
+
+    def __init__(self, ck: Any) -> None:
+        md = ck.metadata  # as CudaLauncher.__init__ (3.6.0) reads it
+        self._ck = ck
+        self._real: Any = None
+        self.num_ctas = getattr(md, "num_ctas", 1)
+        self.global_scratch_size = md.global_scratch_size
+        self.global_scratch_align = md.global_scratch_align
+        self.profile_scratch_size = md.profile_scratch_size
+        self.profile_scratch_align = md.profile_scratch_align
+        self.launch_cooperative_grid = md.launch_cooperative_grid
+        self.launch_pdl = md.launch_pdl
+
+    @staticmethod
+    def wraps(signature: dict[str, Any]) -> bool:
+        """Whether 3.6's ``wrap_handle_tensordesc`` wraps the launch of a kernel of this signature."""
+        return any(isinstance(t, str) and t.startswith("tensordesc") for t in signature.values())
+
+    def __call__(self, *args: Any) -> Any:
+        real = self._real
+        if real is None:
+            from triton.runtime.driver import driver
+
+            ck = self._ck
+            real = self._real = driver.active.launcher_cls(ck.src, ck.metadata)
+            ck._run = real
+        return real(*args)
 
 
 class _ProfileScratch39:

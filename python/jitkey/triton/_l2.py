@@ -313,9 +313,69 @@ def lookup(kernel: Any, launcher: Any, device: int, args: tuple[Any, ...], kwarg
     ck, tkey = built
     kernel_cache = kernel.device_caches[device][0]
     ck = kernel_cache.setdefault(tkey, ck)  # where _do_compile puts it (another thread may have been first)
-    ck._init_handles()  # Triton's own: its launcher, resource checks, load hooks and module load
+    _init_handles(ck, dialect, info)
     stats.l2_hits += 1
     return Loaded(ck, kernel_cache, tkey)
+
+
+def _init_handles(ck: Any, dialect: str, info: Any) -> None:
+    """``ck._init_handles()``: Triton's own (its launcher, resource checks, load hooks, module load); under
+    Triton 3.6, for a kernel jitkey launches itself, the same with the C launcher made at its first use."""
+    from triton.backends.nvidia.driver import CudaLauncher
+    from triton.runtime.driver import driver
+
+    from jitkey.triton._installed import LazyLauncher36
+
+    if (
+        dialect != "3.6"
+        or info.launch_dialect != "3.6"
+        or driver.active.launcher_cls is not CudaLauncher
+        or LazyLauncher36.wraps(ck.src.signature)
+    ):
+        ck._init_handles()
+        return
+    _init_handles_36(ck)
+
+
+def _init_handles_36(ck: Any) -> None:
+    """``CompiledKernel._init_handles`` of Triton 3.6.0 (the L2's code digest pins it), line for line, but for
+    ``self._run``: a ``LazyLauncher36`` instead of ``driver.active.launcher_cls(self.src, self.metadata)``."""
+    import copy
+
+    from triton import knobs
+    from triton.compiler.compiler import _raise_error, max_shared_mem
+    from triton.runtime.autotuner import OutOfResources
+    from triton.runtime.driver import driver
+
+    from jitkey.triton._installed import LazyLauncher36
+
+    if ck.module is not None:
+        return
+
+    def raise_(err: BaseException) -> None:
+        cloned_err = copy.deepcopy(err)
+        ck._run = functools.partial(_raise_error, cloned_err)
+        raise err
+
+    device = driver.active.get_current_device()
+    ck._run = LazyLauncher36(ck)
+    max_shared = max_shared_mem(device)
+    if ck.metadata.shared > max_shared:
+        raise_(OutOfResources(ck.metadata.shared, max_shared, "shared memory"))
+    if hasattr(ck.metadata, "tmem_size") and ck.metadata.tmem_size is not None:
+        max_tmem_size = 512
+        if ck.metadata.tmem_size > max_tmem_size:
+            raise_(OutOfResources(ck.metadata.tmem_size, max_tmem_size, "tensor memory"))
+    if knobs.runtime.kernel_load_start_hook is not None:
+        knobs.runtime.kernel_load_start_hook(ck.module, ck.function, ck.name, ck.metadata_group, ck.hash)
+    ck.module, ck.function, ck.n_regs, ck.n_spills, ck.n_max_threads = driver.active.utils.load_binary(
+        ck.name, ck.kernel, ck.metadata.shared, device
+    )
+    warp_size = driver.active.get_current_target().warp_size
+    if ck.metadata.num_warps * warp_size > ck.n_max_threads:
+        raise_(OutOfResources(ck.metadata.num_warps * warp_size, ck.n_max_threads, "threads"))
+    if knobs.runtime.kernel_load_end_hook is not None:
+        knobs.runtime.kernel_load_end_hook(ck.module, ck.function, ck.name, ck.metadata_group, ck.hash)
 
 
 # ---------------------------------------------------------------------------------------------------------
