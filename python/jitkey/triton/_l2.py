@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import json
 import os
 import re
@@ -459,19 +460,47 @@ def _metadata_type(fields: tuple[str, ...]) -> type:
     return namedtuple("KernelMetadata", fields)
 
 
-def _open_checked(path: str, ident: list[Any], binary: bool) -> Any:
-    """The file's contents, if the open file is the one recorded (size, mtime, inode, device), else ``None``."""
+@functools.cache
+def _text_encoding() -> str:
+    """The encoding ``open(path)`` (``Path.read_text()``, how CompiledKernel reads its IR) decodes with."""
+    return io.TextIOWrapper(io.BytesIO()).encoding
+
+
+def _read_checked(path: str, ident: list[Any], binary: bool) -> Any:
+    """The file's contents (bytes, or text as ``Path.read_text()`` gives it: the locale's encoding, universal
+    newlines), if the open file is the one recorded (size, mtime, inode, device), else ``None``."""
     try:
-        with open(path, "rb" if binary else "r") as f:
-            st = os.fstat(f.fileno())
-            if [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev] != ident:
-                return None
-            data = f.read()
-    except (OSError, UnicodeDecodeError):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
         return None
-    if binary and len(data) != ident[0]:
+    try:
+        st = os.fstat(fd)
+        if [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev] != ident:
+            return None
+        chunks = []
+        left = st.st_size + 1  # one byte more: a file that grew since is not the recorded one
+        while left > 0:
+            b = os.read(fd, left)
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+    except OSError:
         return None
-    return data
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) != ident[0]:
+        return None
+    if binary:
+        return data
+    try:
+        text = data.decode(_text_encoding())
+    except (UnicodeDecodeError, LookupError):
+        return None
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
 
 
 def _build(kernel: Any, raw: bytes, p: Pending, backend: Any, dialect: str) -> Any:
@@ -506,7 +535,7 @@ def _build(kernel: Any, raw: bytes, p: Pending, backend: Any, dialect: str) -> A
     metadata_group: dict[str, str] = {}
     for child, path, *ident in files:
         ext = os.path.splitext(path)[1][1:]
-        data = _open_checked(path, ident, binary=ext == binary_ext and not child.endswith(".json"))
+        data = _read_checked(path, ident, binary=ext == binary_ext and not child.endswith(".json"))
         if data is None:
             return "Triton's cache entry changed or is gone"
         texts[child] = data
