@@ -51,15 +51,14 @@ def _arg(a: Any) -> Any:
 class Launcher:
     """What ``driver.active.launcher_cls(src, metadata)`` gives: records each launch."""
 
+    FIELDS = ("global_scratch_size", "global_scratch_align", "profile_scratch_size", "profile_scratch_align")
+    FIELDS += ("launch_cooperative_grid", "launch_pdl")
+
     def __init__(self, src: Any, metadata: Any) -> None:
         self.signature = dict(src.signature)
         self.num_ctas = getattr(metadata, "num_ctas", 1)
-        self.global_scratch_size = metadata.global_scratch_size
-        self.global_scratch_align = metadata.global_scratch_align
-        self.profile_scratch_size = metadata.profile_scratch_size
-        self.profile_scratch_align = metadata.profile_scratch_align
-        self.launch_cooperative_grid = metadata.launch_cooperative_grid
-        self.launch_pdl = metadata.launch_pdl
+        for name in self.FIELDS:  # what CudaLauncher keeps of the metadata
+            setattr(self, name, getattr(metadata, name))
 
     def __call__(
         self, gx: int, gy: int, gz: int, stream: int, function: int, packed: Any, *rest: Any

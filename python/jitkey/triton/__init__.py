@@ -15,7 +15,10 @@ helper from other kernels (inline or ``noinline``; editing a helper recompiles i
 * **Miss.** Triton itself runs the call (``JITFunction.run``: it binds, compiles if needed, launches and
   returns the ``CompiledKernel`` it chose). jitkey stores that kernel with where Triton keeps it
   (``device_caches[device][0][key]``), so a hit can never pick a kernel Triton would not pick, and
-  whatever drops Triton's entry (``device_caches.clear()``, a source change) drops jitkey's.
+  whatever drops Triton's entry (``device_caches.clear()``, a source change) drops jitkey's. A kernel an
+  earlier process compiled comes from jitkey's L2 instead (:mod:`jitkey.triton._l2`): built from Triton's cache
+  entry as ``triton.compile`` builds it on a cache hit, put where Triton keeps it, launched as a hit, without
+  Triton's installation hash, binder or compile path.
 * **Hit.** The current stream is read on every call (``torch.cuda.stream()`` and CUDA-graph capture
   work); launch hooks and ``launch_metadata`` are passed only when a hook chain is non-empty (checked per
   call); globals the kernel reads are checked like Triton does; then ``ck.run(...)``, or the CUDA
