@@ -327,9 +327,9 @@ def test_files_changed_under_the_l2_are_misses(tmp_path: Path, damage: str) -> N
         ]
         assert l2(healed, "l2_hits") == len(SMALL) - 1
         return
-    if damage == "delete file":  # Triton failed: nothing to record
-        assert "error" in jk["calls"][0] and skipped[0] == "Triton's cache entry changed or is gone"
-        assert l2(healed, "l2_hits") == len(SMALL) - 1
+    if damage == "delete file" and "error" in jk["calls"][0]:  # 3.6 builds it without a binary and fails
+        assert skipped[0] == "Triton's cache entry changed or is gone"
+        assert l2(healed, "l2_hits") == len(SMALL) - 1  # nothing to record
         return
     assert skipped == ["Triton's cache entry changed or is gone"]
     assert all("error" not in c for c in jk["calls"])
