@@ -8,8 +8,9 @@ median over the runs (min and max shown as spread).
 
 * **Decoration** (CPU and GPU): importing a module of 150 kernels decorated with ``triton.jit`` against the same
   module with ``jitkey.triton.jit``, and a kernel library's import (700 kernels, as many as FlagGems defines)
-  with ``triton.jit`` against the same under ``jitkey.triton.install()``. ``torch`` and ``triton`` are imported
-  first; jitkey's own import is part of its figure.
+  with ``triton.jit`` against the same under ``jitkey.triton.install()``; on a GPU where FlagGems is installed,
+  ``import flag_gems`` plain and under ``install()`` (set ``GEMS_VENDOR=nvidia`` as its CI does). ``torch`` and
+  ``triton`` are imported first; jitkey's own import is part of its figure.
 * **First launch** (an NVIDIA GPU): 30 kernels x 2 dtypes, Triton's cache and jitkey's disk index warm (prepared
   first: one plain and one jitkey process compile and record every variant). Per process: its very first launch
   (the one-time costs: Triton's installation hash, the driver, jitkey's detection), the first launch of each
@@ -20,6 +21,7 @@ median over the runs (min and max shown as spread).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import statistics
@@ -63,6 +65,7 @@ class ColdCase:
     baseline: str
     kernels: int
     dtypes: tuple[str, ...] = ()
+    library: str | None = None  # an installed kernel library imported by name
 
 
 def _child_env(root: Path) -> dict[str, str]:
@@ -141,6 +144,23 @@ class ColdRun(SelfTimed):
                 700,
             ),
         ]
+        if (
+            self.gpu_reason is None and importlib.util.find_spec("flag_gems") is not None
+        ):  # it needs a GPU to import
+            none = root / "unused.py"
+            cases.append(
+                ColdCase(
+                    "decoration/import flag_gems",
+                    "decorate",
+                    {
+                        "import flag_gems": ("plain", none),
+                        "import flag_gems under jitkey install()": ("install", none),
+                    },
+                    "import flag_gems",
+                    0,
+                    library="flag_gems",
+                )
+            )
         if self.gpu_reason is None:
             module = kernel_module(root / "launch30.py", 30, "triton.jit")
             cases.append(
@@ -169,7 +189,12 @@ class ColdRun(SelfTimed):
 
     def _run_case(self, case: ColdCase, env: dict[str, str]) -> list[Result]:
         runs = self._repeats()
-        cfg = {"phase": case.phase, "kernels": case.kernels, "dtypes": list(case.dtypes)}
+        cfg = {
+            "phase": case.phase,
+            "kernels": case.kernels,
+            "dtypes": list(case.dtypes),
+            "library": case.library,
+        }
         if (
             case.phase == "launch"
         ):  # warm Triton's cache and jitkey's index: every variant compiled and recorded

@@ -3,7 +3,8 @@ jitkey): decorate (import a module of N kernels) or launch every variant of a mo
 each step with ``time.perf_counter``; prints one JSON line.
 
 ``python _cold_child.py '{"phase": "decorate" | "launch", "mode": "plain" | "jitkey" | "install", "module": path,
-"kernels": K, "dtypes": [...]}'``. ``torch`` and ``triton`` are imported before anything is timed (a kernel
+"kernels": K, "dtypes": [...], "library": name}'`` (``library``: import that installed package instead of
+``module``). ``torch`` and ``triton`` are imported before anything is timed (a kernel
 library imports them first); in ``jitkey``/``install`` mode the import of ``jitkey.triton`` is timed with the
 decoration (a one-time cost of the process).
 """
@@ -36,6 +37,12 @@ def decorate(cfg: dict[str, Any]) -> dict[str, Any]:
 
         if cfg["mode"] == "install":
             jitkey.triton.install()
+    if cfg.get("library"):  # an installed kernel library, imported by name (FlagGems)
+        importlib.import_module(cfg["library"])
+        elapsed = time.perf_counter() - t0
+        if cfg["mode"] == "install":
+            assert jitkey.triton.report()["kernels"] > 0, "install() routed none of the library's kernels"
+        return {"seconds": elapsed}
     mod = _import(cfg["module"])
     elapsed = time.perf_counter() - t0
     kernels = [getattr(mod, f"k{i}") for i in range(cfg["kernels"])]
