@@ -239,9 +239,8 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
             self._jk_ugv_src: object = None
             self._jk_ugv_snap: list[list[Any]] = []
             self._jk_logged: set[str] = set()
-            d = (
-                self.__dict__
-            )  # JITFunction keeps the function's names there (fn itself may be None: see above)
+            # JITFunction keeps the function's names in __dict__ (fn itself may be None: see __setstate__)
+            d = self.__dict__
             stats = KernelStats(f"{d.get('__module__')}:{d.get('__qualname__')}")
             _registry.append(stats)
             weakref.finalize(self, stats._freeze)
