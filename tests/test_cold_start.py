@@ -23,8 +23,8 @@ pytest.importorskip("torch")
 def run_child(*code: str, cache: Path, **env: str) -> dict:
     """Runs the ``code`` parts (each dedented) in a fresh interpreter with ``JITKEY_CACHE_DIR=cache``; its last
     stdout line is JSON."""
-    full_env = {**os.environ, "JITKEY_CACHE_DIR": str(cache), **env}
-    full_env.pop("JITKEY_DISK_CACHE", None)
+    full_env = {k: v for k, v in os.environ.items() if k not in ("JITKEY_DISK_CACHE", "JITKEY_TRITON_L2")}
+    full_env.update(JITKEY_CACHE_DIR=str(cache), **env)
     script = cache.parent / f"child_{len(list(cache.parent.glob('child_*.py')))}.py"  # kernels need a file
     script.write_text("\n".join(textwrap.dedent(part) for part in code))
     out = subprocess.run(
@@ -212,3 +212,23 @@ def test_the_fingerprint_follows_the_files(tmp_path: Path) -> None:
     after_new = ident()
     assert len({before, after_size, after_mtime, after_new}) == 4
     assert _installation.file_identity(str(root / "missing")) == (str(root / "missing"),)
+
+
+@pytest.mark.parametrize(
+    ("setting", "why"),
+    [
+        ("0", "the disk index is memory-only"),  # JITKEY_DISK_CACHE=0
+        ("bogus", "no disk index (ValueError"),  # a bad value: DiskIndex() refuses it
+    ],
+)
+def test_without_a_usable_disk_index_detection_runs_per_process_and_the_l2_is_off(
+    tmp_path: Path, setting: str, why: str
+) -> None:
+    code = INSPECT.replace("print(json.dumps({", "l2 = jt.fast_paths()['l2']\nprint(json.dumps({'l2': l2,", 1)
+    assert code != INSPECT
+    cache = tmp_path / "jk"
+    first = run_child(code, cache=cache, JITKEY_DISK_CACHE=setting)
+    second = run_child(code, cache=cache, JITKEY_DISK_CACHE=setting)
+    assert first["calls"] > 0 and second["calls"] > 0  # nothing persisted: inspected in each process
+    assert second["facts"] == first["facts"] and first["facts"][0] is None  # and the fast path is still on
+    assert second["l2"]["on"] is False and why in second["l2"]["why"]
