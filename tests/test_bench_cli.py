@@ -42,7 +42,7 @@ def test_quick_run_writes_valid_json_with_every_cpu_section(
     doc = json.loads(js.read_text())
     assert doc["schema"] == 1
     sections = {r["section"] for r in doc["results"]}
-    assert sections >= CPU_SECTIONS
+    assert sections >= CPU_SECTIONS and "cold" not in sections  # cold runs only when named
     for r in doc["results"]:
         assert r["median_ns"] > 0 and r["min_ns"] <= r["median_ns"] <= r["max_ns"]
         assert r["repeats"] >= 3 and r["number"] >= 1
@@ -212,3 +212,31 @@ def test_launch_section_reads_a_real_gpu_result(recorded: str, expected: set[str
     assert len(rows) == sum(len(r["spread"]) for r in res["results"])
     for r in rows:
         assert r.baseline == (r.impl == "triton fn[grid]") and r.min_ns <= r.median_ns <= r.max_ns
+
+
+def test_cold_section_runs_fresh_processes_and_is_only_run_when_named(tmp_path: Path) -> None:
+    """``--only cold``: decoration in fresh processes, plain Triton as the baseline (first launches need a GPU and
+    are skipped here with the reason); a plain ``jitkey bench`` never runs it."""
+    pytest.importorskip("triton")
+    js = tmp_path / "cold.json"
+    proc = run_bench("--only", "cold", "--quick", "--json", str(js))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(js.read_text())
+    rows = {(r["group"], r["impl"]): r for r in doc["results"]}
+    assert set(rows) >= {
+        ("decoration/150 kernels (import incl. one-time costs)", "triton.jit"),
+        ("decoration/150 kernels (import incl. one-time costs)", "jitkey.triton.jit"),
+        ("decoration/library of 700 kernels", "triton.jit"),
+        ("decoration/library of 700 kernels", "triton.jit + jitkey install()"),
+    }
+    for (_group, impl), r in rows.items():
+        assert r["section"] == "cold" and r["unit"] == "ms" and r["repeats"] == 2
+        assert r["baseline"] == (impl == "triton.jit")
+        assert 0 < r["min_ns"] <= r["median_ns"] <= r["max_ns"]
+    assert "ms" in proc.stdout and "== cold ==" in proc.stdout
+    if not _has_gpu():
+        from jitkey.bench._sections import gpu_unavailable_reason
+
+        assert [s["reason"] for s in doc["skipped"]] == [f"first launches: {gpu_unavailable_reason()}"]
+    else:
+        assert any(g.startswith("launch/") for g, _ in rows)

@@ -135,17 +135,21 @@ def _triton_key(name, args, kwargs):
     return compute_cache_key({}, spec, options)
 
 
-def _jitkey_key(kernel, args, kwargs, device=0):
-    return kernel.key_of(args, kwargs, device=device)
+def _jitkey_key(kernel, args, kwargs, device=0, persistent=False):
+    key = kernel.key_of(args, kwargs, device=device)
+    if persistent:  # the call's key as the disk index (the L2) stores it: every leaf stable across processes
+        return kernel._jk_key_launcher.key(tuple(args), dict(kwargs), device, persistent=True)
+    return key
 
 
-def assert_finer(kernel, name, calls):
-    """Equal jitkey keys must mean equal Triton keys (jitkey is never coarser than Triton)."""
+def assert_finer(kernel, name, calls, persistent=False):
+    """Equal jitkey keys must mean equal Triton keys (jitkey is never coarser than Triton), in memory and, with
+    ``persistent``, on disk."""
     seen: dict[bytes, tuple[str, tuple]] = {}
     for args, kwargs in calls:
         tk = _triton_key(name, args, kwargs)
         try:
-            jk = _jitkey_key(kernel, args, kwargs)
+            jk = _jitkey_key(kernel, args, kwargs, persistent=persistent)
         except (jt.Unkeyable, JitKeyError):
             continue  # jitkey refuses: the call goes through Triton's own path (a counted fallback)
         if jk in seen:
@@ -198,10 +202,12 @@ def test_key_finer_than_triton_binder(name, data):
     kernel = jt.bind(KERNELS[name])
     calls = _keyable(kernel, name, data.draw(_calls(name)))
     assert_finer(kernel, name, calls)
+    assert_finer(kernel, name, calls, persistent=True)
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["in memory", "persistent"])
 @pytest.mark.parametrize("name", list(KERNELS))
-def test_key_finer_exhaustive_pairs(name):
+def test_key_finer_exhaustive_pairs(name, persistent):
     """Every pair of a fixed grid of values in the first two non-constexpr slots (no sampling luck)."""
     kernel = jt.bind(KERNELS[name])
     values = [_BASES[torch.float32][o:] for o in (0, 1, 4)] + [_BASES[torch.float16][o:] for o in (0, 8)]
@@ -214,7 +220,8 @@ def test_key_finer_exhaustive_pairs(name):
         for b in values:
             calls.append(((a, b, *fill), {}))
     calls = _keyable(kernel, name, calls)
-    assert_finer(kernel, name, calls)
+    seen = assert_finer(kernel, name, calls, persistent=persistent)
+    assert len(seen) > 20  # the grid gives many distinct keys
 
 
 def test_checker_catches_a_coarse_keyer():
@@ -393,13 +400,12 @@ def test_triton_internals_detected():
 
 
 def test_unknown_triton_rule_disables_fast_path():
-    info = _installed.TritonInfo.__new__(_installed.TritonInfo)
-    info.version, info.knob_reads = "x", []
     src = 'kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug\nkwargs["new"] = f(x)\n'
-    assert "unknown rule" in info._scan_run(src)
-    info.knob_reads = []
+    problem, reads, _ = _installed._scan_run(src, "x")
+    assert problem is not None and "unknown rule" in problem and reads == []
     src = 'kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug\nknobs.runtime.fancy\n'
-    assert "knobs.runtime.fancy" in info._scan_run(src)
+    problem, _, _ = _installed._scan_run(src, "x")
+    assert problem is not None and "knobs.runtime.fancy" in problem
 
 
 # --- fallbacks -------------------------------------------------------------------------------------------

@@ -436,7 +436,8 @@ class _TritonLauncher:
     Binds the call, reads the current device and the knobs, keys the call (``sig``'s rules, after the
     device, knob values and sorted launch options), probes ``cache``; a hit checks the globals, resolves
     the grid, reads the stream and the launch hooks and launches. A miss calls the kernel's
-    ``_jk_miss(grid, args, kwargs) -> (result, _TritonEntry | None)`` and stores the entry; anything else
+    ``_jk_miss(grid, args, kwargs) -> (result, _TritonEntry | None)`` and stores the entry (``(MISS, entry)``:
+    the kernel was found without a launch, from jitkey's disk index, and is launched as a hit); anything else
     calls its ``_jk_native_fallback(reason, grid, args, kwargs)``; its ``_jk_check_globals()`` checks the
     globals. ``info`` is the ``TritonInfo`` (``knobs``, ``knob_reads``, ``checks_stages_hook``,
     ``HookChain``, ``run_keywords``: a keyword argument named like one of ``JITFunction.run``'s own goes to
@@ -457,8 +458,17 @@ class _TritonLauncher:
     @property
     def launch(self) -> Callable[..., Any]:
         """``launch(grid, /, *args, **kwargs)``: a builtin bound to this launcher (vectorcall)."""
-    def key(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None, device: int, /) -> bytes:
-        """The key ``launch`` would use for this call on ``device`` (no lookup, no launch)."""
+    def key(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        device: int,
+        /,
+        *,
+        persistent: bool = False,
+    ) -> bytes:
+        """The key ``launch`` would use for this call on ``device`` (no lookup, no launch); ``persistent``: the
+        same key with every leaf as :func:`encode` writes it (stable across processes, for a disk index)."""
     @property
     def cache(self) -> LruCache:
         """The cache the launcher stores its entries in."""

@@ -32,6 +32,7 @@ _DESCRIPTIONS = {
     "native_launcher": "Triton warm launch in one native call",
     "direct_launch": "Triton hit calls the compiled C launcher directly",
     "driver_launch": "Triton hit packs the parameters and calls cuLaunchKernelEx itself",
+    "l2": "a fresh process loads kernels compiled earlier from jitkey's disk index (no Triton compile path)",
 }
 
 
@@ -104,7 +105,7 @@ def triton_paths() -> dict[str, FastPath]:
         except Exception as e:  # the report must not fail because the binding did
             facts, why = {}, f"unknown (jitkey.triton.fast_paths() raised {type(e).__name__}: {e})"
     out: dict[str, FastPath] = {}
-    known = ("binding", "native_launcher", "direct_launch", "driver_launch")
+    known = ("binding", "native_launcher", "direct_launch", "driver_launch", "l2")
     for name in (*known, *sorted(set(facts) - set(known))):
         if name == "binding" and name not in facts and why is None:
             continue  # an older binding without the switch

@@ -5,6 +5,7 @@ The same facts head the bench's table and JSON, so two bench results can be told
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
@@ -24,6 +25,7 @@ ENV_VARS: dict[str, str] = {
     "JITKEY_TENSOR_FIELDS": "0 turns the direct TensorImpl reads off (the attribute path; same keys, slower)",
     "JITKEY_TRITON": "plain makes jitkey.triton.jit return plain triton.jit kernels (the binding is bypassed)",
     "JITKEY_DRIVER_LAUNCH": "0 makes warm hits call Triton's launcher instead of cuLaunchKernelEx from jitkey",
+    "JITKEY_TRITON_L2": "1 turns the L2 on (off by default): a miss loads a kernel an earlier process compiled from the disk index",
     "JITKEY_LOG": "debug | info | warning | error: attach a stderr handler at that level to the jitkey logger",
 }
 # (The Redis tier's JITKEY_REMOTE_* variables are documented in jitkey.remote and
@@ -113,6 +115,17 @@ def _shown(name: str, value: str) -> str:
     return _redact(value) if "://" in value else value
 
 
+def _no_index_created() -> contextlib.AbstractContextManager[None]:
+    """Reading the Triton binding's facts stores nothing in a disk index that does not exist yet."""
+    if importlib.util.find_spec("triton") is None:
+        return contextlib.nullcontext()
+    try:
+        from jitkey.triton import _installation
+    except ImportError:  # a Triton jitkey.triton cannot import: fast_paths() reports it
+        return contextlib.nullcontext()
+    return _installation.passive()
+
+
 def collect(*, decide: bool = True) -> dict[str, Any]:
     """Everything ``jitkey info`` reports, as plain JSON-able data.
 
@@ -134,7 +147,8 @@ def collect(*, decide: bool = True) -> dict[str, Any]:
         "triton": _version("triton"),
     }
     info.update(_gpu() if decide else {"cuda": None, "gpu": None, "gpu_capability": None})
-    info["fast_paths"] = _fastpaths.fast_paths(decide=decide, triton=decide)
+    with _no_index_created() if decide else contextlib.nullcontext():
+        info["fast_paths"] = _fastpaths.fast_paths(decide=decide, triton=decide)
     info["integrations"] = _integrations()
     info["disk_index"] = disk_index()
     info["remote_compile_cache"] = _remote_compile_cache() if decide and info["triton"] else None

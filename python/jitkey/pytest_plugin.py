@@ -3,7 +3,8 @@
 ``pytest -p jitkey.pytest_plugin`` calls :func:`jitkey.triton.install` before collection (so every kernel the
 tests' modules decorate with ``triton.jit`` is a :class:`jitkey.triton.TritonKernel`; Triton's own library
 kernels stay Triton's) and prints, at the end, what the kernels' launches did: kernels, launches, hits,
-misses, fallbacks by reason and the busiest kernels. With pytest-xdist the workers' numbers are summed.
+misses, fallbacks by reason, the misses the L2 served (kernels an earlier process compiled, loaded from jitkey's
+disk index) and the busiest kernels. With pytest-xdist the workers' numbers are summed.
 
 Options: ``--jitkey-top N`` (busiest kernels shown, default 10), ``--jitkey-report-json PATH`` (the report
 as JSON), ``--jitkey-off`` (load the plugin but leave Triton alone: a plain run with the same command line),
@@ -198,6 +199,12 @@ def _print(tr: Any, rep: dict[str, Any]) -> None:
         tr.write_line(f"  declined {n:>7} hits  {why}")
     for why, n in list(rep["unplanned_variants"].items())[:20]:
         tr.write_line(f"  no launch plan {n:>5} compiled variants  {why}")
+    tr.write_line(
+        f"misses served by the L2 (kernels compiled by an earlier process, from jitkey's disk index): "
+        f"{rep['l2_hits']}; not in it: {rep['l2_misses']} ({rep['l2_recorded']} recorded for later processes)"
+    )
+    for why, n in list(rep["l2_skipped"].items())[:20]:
+        tr.write_line(f"  L2 not used {n:>6} misses  {why}")
     for why, n in rep["kept"].items():
         tr.write_line(f"  kept by Triton {n:>5} kernels  {why}")
     for b in rep["busiest"]:

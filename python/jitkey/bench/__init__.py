@@ -17,6 +17,7 @@ from jitkey.bench._harness import (
     SPREAD_FLAG_PCT,
     Case,
     Result,
+    SelfTimed,
     Skipped,
     environment,
     format_compare,
@@ -27,15 +28,16 @@ from jitkey.bench._harness import (
     to_json,
     write_plot,
 )
-from jitkey.bench._sections import SECTIONS, DslRun, LaunchRun, gpu_unavailable_reason
+from jitkey.bench._sections import DEFAULT_SECTIONS, SECTIONS, gpu_unavailable_reason
 
 __all__ = ["DESCRIPTION", "add_arguments", "main", "run"]
 
 DESCRIPTION = f"""Launch-overhead and key-cost microbenchmark of jitkey against its peers.
 
 Sections: key, cache, lookup, disk, remote (CPU), launch and dsl (need an NVIDIA GPU; dsl also a DSL:
-Helion 1.4.0 or FlagGems 5.0.0). Every case checks its
-result before it is timed. Times are medians of calibrated timeit repeats; ratio = median / the
+Helion 1.4.0 or FlagGems 5.0.0); cold (only with --only cold: a fresh process's decoration and, on a GPU, first
+launches, plain Triton vs jitkey, in fresh subprocesses). Every case checks its result before it is timed.
+Times are medians of calibrated timeit repeats; ratio = median / the
 group's baseline (*) measured in the same run. Rows whose spread ((max-min)/median) exceeds
 {SPREAD_FLAG_PCT}% are flagged with '!': the machine was busy; rerun them before trusting the figure.
 Progress goes to stderr, the table to stdout."""
@@ -57,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="SECTION",
         choices=list(SECTIONS),
-        help=f"run only these sections; repeatable, adds up (of: {', '.join(SECTIONS)})",
+        help=f"run only these sections; repeatable, adds up (of: {', '.join(SECTIONS)}; cold runs only when named)",
     )
 
 
@@ -127,12 +129,12 @@ def run(args: argparse.Namespace, argv: list[str], p: argparse.ArgumentParser | 
     if p is None:
         p = argparse.ArgumentParser(prog="jitkey bench")
     old = validate(p, args)
-    names = list(dict.fromkeys(args.only)) if args.only else list(SECTIONS)
+    names = list(dict.fromkeys(args.only)) if args.only else list(DEFAULT_SECTIONS)
     target_s, repeats = (0.01, 5) if args.quick else (0.05, 9)
     progress("collecting the environment (versions, fast paths)")
     env = environment()
     skipped: list[Skipped] = []
-    built: list[tuple[str, list[Case] | LaunchRun | DslRun]] = []
+    built: list[tuple[str, list[Case] | SelfTimed]] = []
     for name in names:
         progress(f"setting up {name}")
         b = SECTIONS[name](args.quick)
@@ -141,14 +143,15 @@ def run(args: argparse.Namespace, argv: list[str], p: argparse.ArgumentParser | 
             progress(f"{name} skipped: {b.reason}")
         else:
             built.append((name, b))
-    total = sum(1 if isinstance(b, (LaunchRun, DslRun)) else len(b) for _, b in built)
+    total = sum(1 if isinstance(b, SelfTimed) else len(b) for _, b in built)
     results: list[Result] = []
     done = 0
     for name, b in built:
-        if isinstance(b, (LaunchRun, DslRun)):
+        if isinstance(b, SelfTimed):
             done += 1
             progress(f"[{done}/{total}] {name}: {b.describe()}")
             results += b.results()
+            skipped += b.skipped
             continue
         results += run_cases(name, b, target_s=target_s, repeats=repeats, start=done, total=total)
         done += len(b)

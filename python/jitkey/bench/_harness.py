@@ -60,6 +60,20 @@ class Skipped:
     reason: str
 
 
+class SelfTimed:
+    """A section that times itself (GPU launches need syncs between batches; cold starts need fresh processes)
+    instead of a list of :class:`Case`: ``describe()`` for the progress line, ``results()`` its rows, and
+    ``skipped``, parts that could not run (filled by ``results()``)."""
+
+    skipped: list[Skipped]
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def results(self) -> list[Result]:
+        raise NotImplementedError
+
+
 def progress(msg: str) -> None:
     """Progress goes to stderr so stdout stays the table."""
     sys.stderr.write(f"[jitkey bench] {msg}\n")
@@ -148,15 +162,19 @@ def environment() -> dict[str, Any]:
 
 
 def group_unit(rows: list[Result]) -> str:
-    """One unit per group: µs when a row was measured in µs, or every row takes at least 1 µs and one at
-    least 10 µs; else ns."""
+    """One unit per group: ms when a row was measured in ms; µs when a row was measured in µs, or every row
+    takes at least 1 µs and one at least 10 µs; else ns."""
     medians = [r.median_ns for r in rows]
+    if any(r.unit == "ms" for r in rows):
+        return "ms"
     if any(r.unit == "us" for r in rows) or (min(medians) >= 1_000 and max(medians) >= 10_000):
         return "us"
     return "ns"
 
 
 def fmt_time(ns: float, unit: str) -> str:
+    if unit == "ms":
+        return f"{ns / 1e6:.2f} ms"
     if unit == "us":
         return f"{ns / 1000:.2f} µs"
     return f"{ns:.0f} ns" if ns >= 100 else f"{ns:.1f} ns"

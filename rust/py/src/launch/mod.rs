@@ -8,8 +8,9 @@
 //!
 //! Everything that is not a plain hit goes back to Python: a miss to `miss(grid, args, kwargs)`
 //! (Triton runs the call and returns `(result, entry or None)`; the entry is stored under the key
-//! computed here), and anything this path does not handle to `fallback(reason, grid, args,
-//! kwargs)` (Triton's own path, counted). The Python side (`jitkey/triton/_kernel.py`) owns the
+//! computed here; `(jitkey.MISS, entry)` means the kernel was found without a launch, from jitkey's
+//! disk index, and is launched here as a hit), and anything this path does not handle to
+//! `fallback(reason, grid, args, kwargs)` (Triton's own path, counted). The Python side (`jitkey/triton/_kernel.py`) owns the
 //! policy: what is safe, what is counted, what an entry holds.
 //!
 //! Modules: `entry` (what a hit launches: `_TritonEntry`), `plan` and `pack` (jitkey's own launch of
@@ -237,13 +238,15 @@ impl Launcher {
         self.run_keywords.iter().any(|r| r.bind(py).to_str().is_ok_and(|r| r == key))
     }
 
-    /// Writes the key: header, device, knob state, sorted launch options, parameters.
+    /// Writes the key: header, device, knob state, sorted launch options, parameters. `persistent`:
+    /// every leaf as `jitkey.encode` writes it (stable across processes), not the in-process tensor leaf.
     fn encode_key(
         &self,
         py: Python<'_>,
         enc: &mut Encoder,
         device: &Bound<'_, PyAny>,
         b: &BoundArgs,
+        persistent: bool,
     ) -> Result<(), Leave> {
         let sig = self.sig.get();
         sig.encode_header(enc);
@@ -267,8 +270,12 @@ impl Launcher {
             encode_into(&borrowed(py, k), enc).map_err(|e| unkeyable("a launch option name", e))?;
             encode_into(&borrowed(py, v), enc).map_err(|e| unkeyable("a launch option", e))?;
         }
-        sig.encode_params_in_process(py, b.params(), enc)
-            .map_err(|e| Leave::Fallback(e.into_value(py).into_any()))?;
+        let params = if persistent {
+            b.params().iter().enumerate().try_for_each(|(i, &p)| sig.encode_param(i, &borrowed(py, p), enc))
+        } else {
+            sig.encode_params_in_process(py, b.params(), enc)
+        };
+        params.map_err(|e| Leave::Fallback(e.into_value(py).into_any()))?;
         Ok(())
     }
 
@@ -465,14 +472,16 @@ impl Launcher {
         }
     }
 
-    /// key(args, kwargs, device, /) -> bytes: the key `launch` would use on `device` (no lookup).
-    #[pyo3(signature = (args, kwargs, device, /))]
+    /// key(args, kwargs, device, /, *, persistent=False) -> bytes: the key `launch` would use on
+    /// `device` (no lookup); `persistent`: the same key with every leaf stable across processes.
+    #[pyo3(signature = (args, kwargs, device, /, *, persistent = false))]
     fn key<'py>(
         &self,
         py: Python<'py>,
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
         device: &Bound<'py, PyAny>,
+        persistent: bool,
     ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
         let pos: Vec<*mut ffi::PyObject> = args.iter().map(|a| a.as_ptr()).collect();
         let kw: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)> =
@@ -482,7 +491,7 @@ impl Launcher {
         let mut b = BoundArgs::new();
         self.bind_params(py, &pos, &names, &values, &mut b)
             .map_err(|m| ArgumentError::new_err(format!("arguments do not bind: {m}")))?;
-        with_encoder(|enc| match self.encode_key(py, enc, device, &b) {
+        with_encoder(|enc| match self.encode_key(py, enc, device, &b, persistent) {
             Ok(()) => Ok(pyo3::types::PyBytes::new(py, enc.as_bytes())),
             Err(Leave::Raise(e)) => Err(e),
             Err(Leave::Fallback(reason)) => {
@@ -591,7 +600,7 @@ impl Launcher {
         };
         let device = self.get_device.bind(py).call0()?;
         let probe = with_encoder(|enc| -> Result<Probe<'py>, Leave> {
-            self.encode_key(py, enc, &device, &b)?;
+            self.encode_key(py, enc, &device, &b, false)?;
             let key = enc.as_bytes();
             let h = fast_hash_state().hash(key);
             Ok(match self.cache.get().get_encoded(py, h, key) {
@@ -605,16 +614,20 @@ impl Launcher {
         match probe {
             Ok(Probe::Hit(entry)) => self.launch_hit(py, &entry, &grid, &device, &b),
             Ok(Probe::Miss(h, key)) => {
-                let (grid, args, kwargs) = call.to_python(py)?;
-                let out = self.miss.bind(py).call1((grid, args, kwargs))?;
+                let (grid_obj, args, kwargs) = call.to_python(py)?;
+                let out = self.miss.bind(py).call1((grid_obj, args, kwargs))?;
                 let (ret, entry): (Bound<'py, PyAny>, Bound<'py, PyAny>) = out.extract()?;
-                if !entry.is_none() {
-                    let entry = entry.cast_into::<Entry>().map_err(|_| {
-                        PyTypeError::new_err(
-                            "jitkey.triton: miss() must return (result, _TritonEntry | None)",
-                        )
-                    })?;
-                    self.cache.get().insert_encoded(h, &key, entry.into_any().unbind());
+                if entry.is_none() {
+                    return Ok(ret);
+                }
+                let entry = entry.cast_into::<Entry>().map_err(|_| {
+                    PyTypeError::new_err("jitkey.triton: miss() must return (result, _TritonEntry | None)")
+                })?;
+                self.cache.get().insert_encoded(h, &key, entry.clone().into_any().unbind());
+                // `(MISS, entry)`: the miss found the kernel without launching it (jitkey's disk index):
+                // it is launched now, as a hit.
+                if ret.is(crate::signature::miss(py).bind(py)) {
+                    return self.launch_hit(py, entry.as_any(), &grid, &device, &b);
                 }
                 Ok(ret)
             }

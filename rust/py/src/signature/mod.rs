@@ -45,7 +45,7 @@ impl Miss {
 
 static MISS: PyOnceLock<Py<Miss>> = PyOnceLock::new();
 
-fn miss(py: Python<'_>) -> &Py<Miss> {
+pub(crate) fn miss(py: Python<'_>) -> &Py<Miss> {
     MISS.get_or_init(py, || Py::new(py, Miss).expect("allocating jitkey.MISS"))
 }
 
