@@ -1,20 +1,24 @@
-"""Where a warm Helion call through jitkey.dsl spends its host time (GPU): each piece timed alone.
+"""Where a warm Helion call (and a FlagGems op) through jitkey.dsl spends its host time (GPU): each piece
+timed alone; for FlagGems, each op's replayed plan (its steps) and how often a compiled step declined.
 
-    python scripts/dsl_profile.py
+    python scripts/dsl_profile.py [helion] [flag_gems]
 
 Each figure is the median over 15 loops of 2,000 back-to-back calls (µs per call), synchronized between loops.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 import torch
 
 import jitkey
 
+os.environ.setdefault("GEMS_VENDOR", "nvidia")
+WHICH = set(sys.argv[1:]) or {"helion", "flag_gems"}
 jitkey.install()
-from jitkey import _helion_kernels as hk  # noqa: E402
 
 
 def t(name, f, *a, n=2000, reps=15, **kw):
@@ -30,46 +34,92 @@ def t(name, f, *a, n=2000, reps=15, **kw):
     print(f"{name:55s} {sorted(ts)[reps // 2]:7.3f} us")
 
 
-x, y = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
-k = hk.add
-for _ in range(3):
-    k(x, y)
-site = k._jk_call.site
-plan = site.plan(x, y)
-print("plan steps:", plan.steps)
-launcher = next(t for kind, t in plan.steps if kind == "launch")
-tk = launcher.kernel if hasattr(launcher, "kernel") else None
-out = torch.empty_like(x)
-grid = (4,)
-t("torch.add(x, y)", torch.add, x, y)
-t("helion kernel(x, y) through jitkey.dsl", k, x, y)
-t("site.call(x, y)", site.call, x, y)
-t("plan(x, y) (the replay alone)", plan, x, y)
-t("torch.empty_like(x)", torch.empty_like, x)
-t(
-    "launcher.launch(grid, x, y, out, **3 options)",
-    launcher.launch,
-    grid,
-    x,
-    y,
-    out,
-    num_warps=4,
-    num_stages=1,
-    launch_cooperative_grid=False,
-)
-t("launcher.launch(grid, x, y, out)", launcher.launch, grid, x, y, out)
-t("site.key(x, y)", site.key, x, y)
-for name, f in [
-    ("is_grad_enabled", torch.is_grad_enabled),
-    ("is_inference_mode_enabled", torch.is_inference_mode_enabled),
-    ("_cuda_getDevice", torch._C._cuda_getDevice),
-    ("_is_torch_function_mode_enabled", torch._C._is_torch_function_mode_enabled),
-    ("_len_torch_dispatch_stack", torch._C._len_torch_dispatch_stack),
-    ("dist.is_initialized", torch.distributed.is_initialized),
-    ("_cuda_getCurrentRawStream(0)", lambda: torch._C._cuda_getCurrentRawStream(0)),
-]:
-    t(name, f)
-from jitkey.integrations import helion as jh  # noqa: E402
+def helion() -> None:
+    from jitkey import _helion_kernels as hk
 
-t("Helion's own Kernel.__call__ (jitkey.triton kernels)", jh._saved[0], k, x, y)
-print(site.stats())
+    x, y = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
+    k = hk.add
+    for _ in range(3):
+        k(x, y)
+    site = k._jk_call.site
+    plan = site.plan(x, y)
+    print("plan steps:", plan.steps)
+    launcher = next(t for kind, t in plan.steps if kind == "launch")
+    out = torch.empty_like(x)
+    grid = (4,)
+    t("torch.add(x, y)", torch.add, x, y)
+    t("helion kernel(x, y) through jitkey.dsl", k, x, y)
+    t("site.call(x, y)", site.call, x, y)
+    t("plan(x, y) (the replay alone)", plan, x, y)
+    t("torch.empty_like(x)", torch.empty_like, x)
+    t(
+        "launcher.launch(grid, x, y, out, **3 options)",
+        launcher.launch,
+        grid,
+        x,
+        y,
+        out,
+        num_warps=4,
+        num_stages=1,
+        launch_cooperative_grid=False,
+    )
+    t("launcher.launch(grid, x, y, out)", launcher.launch, grid, x, y, out)
+    t("site.key(x, y)", site.key, x, y)
+    for name, f in [
+        ("is_grad_enabled", torch.is_grad_enabled),
+        ("is_inference_mode_enabled", torch.is_inference_mode_enabled),
+        ("_cuda_getDevice", torch._C._cuda_getDevice),
+        ("_is_torch_function_mode_enabled", torch._C._is_torch_function_mode_enabled),
+        ("_len_torch_dispatch_stack", torch._C._len_torch_dispatch_stack),
+        ("dist.is_initialized", torch.distributed.is_initialized),
+        ("_cuda_getCurrentRawStream(0)", lambda: torch._C._cuda_getCurrentRawStream(0)),
+    ]:
+        t(name, f)
+    from jitkey.integrations import helion as jh
+
+    t("Helion's own Kernel.__call__ (jitkey.triton kernels)", jh._saved[0], k, x, y)
+    print(site.stats())
+
+
+def _describe(target):
+    return getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or type(target).__name__
+
+
+def flag_gems() -> None:
+    from jitkey import dsl, dsl_bench
+    from jitkey.integrations import flag_gems as fg
+
+    asked = {"n": 0}
+    own_ask = fg._ask_libentry
+
+    def counting_ask(*a, **kw):
+        asked["n"] += 1
+        return own_ask(*a, **kw)
+
+    fg._ask_libentry = counting_ask  # recorded plans bind this (a declined compiled step asks LibEntry)
+    for name, ref, call, args, _tol in dsl_bench.flag_gems_cases():
+        for _ in range(3):
+            call(*args)
+        fn = getattr(call, "_jitkey_wraps", call)
+        site = next((s for s in dsl.sites() if s.name == f"flag_gems:{fn.__name__}"), None)
+        print(f"--- {name}: site {site.name if site else None}")
+        if site is None:
+            continue
+        try:
+            plan = site.plan(*args)
+            print("  steps:", [(kind, _describe(t)) for kind, t in plan.steps])
+            asked["n"] = 0
+            t("  plan(*args) (the replay alone)", plan, *args, n=500, reps=5)
+            print(f"  compiled steps declined (LibEntry asked) {asked['n']} times in {500 * 8} replays")
+        except Exception as exc:
+            print("  no plan:", type(exc).__name__, exc)
+        t("  site.call(*args)", site.call, *args, n=500, reps=5)
+        t("  op through the wrapper", call, *args, n=500, reps=5)
+        t("  torch op", ref, *args, n=500, reps=5)
+        print("  stats:", site.stats())
+
+
+if "helion" in WHICH:
+    helion()
+if "flag_gems" in WHICH:
+    flag_gems()
