@@ -32,6 +32,8 @@ _DESCRIPTIONS = {
     "native_launcher": "Triton warm launch in one native call",
     "direct_launch": "Triton hit calls the compiled C launcher directly",
     "driver_launch": "Triton hit packs the parameters and calls cuLaunchKernelEx itself",
+    "watched_state": "Triton hit reuses the knob/kernel/hook state it read while watched writes show no change",
+    "native_current": "Triton hit reads the current device and stream through torch's C shim",
 }
 
 
@@ -104,7 +106,14 @@ def triton_paths() -> dict[str, FastPath]:
         except Exception as e:  # the report must not fail because the binding did
             facts, why = {}, f"unknown (jitkey.triton.fast_paths() raised {type(e).__name__}: {e})"
     out: dict[str, FastPath] = {}
-    known = ("binding", "native_launcher", "direct_launch", "driver_launch")
+    known = (
+        "binding",
+        "native_launcher",
+        "direct_launch",
+        "driver_launch",
+        "watched_state",
+        "native_current",
+    )
     for name in (*known, *sorted(set(facts) - set(known))):
         if name == "binding" and name not in facts and why is None:
             continue  # an older binding without the switch
