@@ -297,6 +297,60 @@ def test_launch_options_sorted_and_in_key():
     assert a != _jitkey_key(kernel, args, {})
 
 
+def test_launch_options_in_any_order_give_one_key():
+    """The options are sorted by name (UTF-8 bytes) whatever their order and count (more than the 8 kept
+    inline too), interleaved with parameters passed by keyword."""
+    import itertools
+    import random
+
+    kernel = jt.bind(k_full)
+    x = torch.empty(64)
+    args = (x, x, 0, 0, 1.0, True)
+    opts = {f"opt{i:02d}": i for i in range(11)} | {"é": 1, "z": 2, "Z": 3, "ñ_b": 4, "aa": 5}
+    want = kernel.key_of(args, {"BLOCK": 64, **dict(sorted(opts.items()))}, device=0)
+    rng = random.Random(0)
+    for n in (1, 2, 3, 8, 9, len(opts)):
+        names = list(opts)[:n]
+        base = kernel.key_of(args, {"BLOCK": 64, **{k: opts[k] for k in sorted(names)}}, device=0)
+        orders = list(itertools.permutations(names)) if n <= 3 else [rng.sample(names, n) for _ in range(20)]
+        for order in orders:
+            kw = {k: opts[k] for k in order}
+            at = rng.randrange(len(kw) + 1)  # BLOCK (a parameter) somewhere among the options
+            items = list(kw.items())
+            kw = dict(items[:at] + [("BLOCK", 64)] + items[at:])
+            assert kernel.key_of(args, kw, device=0) == base, order
+    assert base == want
+    changed = dict(opts, opt05=-5)
+    assert kernel.key_of(args, {"BLOCK": 64, **changed}, device=0) != want
+
+
+def test_launch_options_in_another_order_hit(fake_runtime, fake_triton):
+    kernel = jt.bind(k_full)
+    state = fake_triton(kernel)
+    x = torch.empty(64)
+    ck = kernel[(1,)](x, x, 16, 5, 1.0, True, 64, num_warps=4, num_stages=2, maxnreg=128)
+    kernel[(1,)](x, x, 16, 5, 1.0, True, maxnreg=128, BLOCK=64, num_stages=2, num_warps=4)
+    kernel[(1,)](x, x, 16, 5, 1.0, True, 64, num_stages=2, maxnreg=128, num_warps=4)
+    assert len(state["calls"]) == 1 and len(ck.launches) == 2
+    kernel[(1,)](x, x, 16, 5, 1.0, True, 64, num_stages=3, maxnreg=128, num_warps=4)
+    assert len(state["calls"]) == 2
+
+
+def test_keyword_parameters_found_by_name_not_by_hash():
+    """A keyword name matches a parameter only by its text (the hash compare only skips non-matches)."""
+
+    class Same(str):  # a str subclass naming a parameter: matched by text, like an exact str
+        pass
+
+    kernel = jt.bind(k_full)
+    x = torch.empty(64)
+    pos = kernel.key_of((x, x, 16, 3, 1.0, False, 64), {}, device=0)
+    assert kernel.key_of((x, x, 16, 3, 1.0, False), {Same("BLOCK"): 64}, device=0) == pos
+    assert kernel.key_of((x, x, 16, 3, 1.0, False), {"BLOCK": 64}, device=0) == pos
+    with pytest.raises(jitkey.errors.ArgumentError, match="missing a required argument: 'BLOCK'"):
+        kernel.key_of((x, x, 16, 3, 1.0, False), {"BLOCKS": 64}, device=0)
+
+
 def test_knob_changes_change_the_key():
     kernel = jt.bind(k_full)
     x = torch.empty(64)
