@@ -317,7 +317,7 @@ def test_launch_options_in_any_order_give_one_key():
             kw = {k: opts[k] for k in order}
             at = rng.randrange(len(kw) + 1)  # BLOCK (a parameter) somewhere among the options
             items = list(kw.items())
-            kw = dict(items[:at] + [("BLOCK", 64)] + items[at:])
+            kw = dict([*items[:at], ("BLOCK", 64), *items[at:]])
             assert kernel.key_of(args, kw, device=0) == base, order
     assert base == want
     changed = dict(opts, opt05=-5)

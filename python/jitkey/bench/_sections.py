@@ -417,7 +417,8 @@ class LaunchRun:
 
     def describe(self) -> str:
         return (
-            f"4 kernels, {self.batches} batches of {self.launches} launches per implementation, interleaved"
+            f"6 kernels (4 to 58 args), {self.batches} batches of {self.launches} launches per implementation,"
+            " interleaved"
         )
 
     def results(self) -> list[Result]:
@@ -425,6 +426,7 @@ class LaunchRun:
         out: list[Result] = []
         for row in res["results"]:
             group = f"launch/{row['case']}"
+            floor = row.get("driver floor")
             for impl, (lo, hi) in row["spread"].items():
                 out.append(
                     Result(
@@ -438,6 +440,7 @@ class LaunchRun:
                         number=self.launches,
                         baseline=impl == "triton fn[grid]",
                         unit="us",
+                        floor_ratio=row[impl] / floor if floor else None,
                     )
                 )
         set_ratios(out)
