@@ -558,7 +558,8 @@ class FakeCK:
 @pytest.fixture
 def fake_triton(fake_runtime):
     """Replace the kernel's Triton path (``JITFunction.run``) with one that records and returns a FakeCK per
-    Triton key, computed by Triton's real binder, and keeps it where Triton would (``device_caches``)."""
+    Triton key, computed by Triton's real binder with the knob values Triton folds into the options, and keeps
+    it where Triton would (``device_caches``)."""
     state = {"calls": [], "cks": {}}
 
     def install(fn):
@@ -568,7 +569,10 @@ def fake_triton(fake_runtime):
             for hook in fn.pre_run_hooks:
                 hook(*args, **kwargs)
             state["calls"].append((args, kwargs, grid, warmup))
-            _, spec, options = binder(*args, **kwargs)
+            # the knob state Triton's run folds into the options: a kernel is Triton's for that state
+            folded = {"debug": kwargs.get("debug", fn.debug) or knobs.runtime.debug}
+            folded |= {name: getattr(getattr(knobs, s), a) for name, s, a in jt.triton_info().knob_reads}
+            _, spec, options = binder(*args, **{**kwargs, **folded})
             tk = compute_cache_key({}, spec, options)
             ck = state["cks"].setdefault(tk, FakeCK(tk))
             per_device = dict.setdefault(fn.device_caches, fake_runtime.device, ({}, {}, None, None, None))

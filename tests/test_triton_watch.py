@@ -27,7 +27,6 @@ triton = pytest.importorskip("triton")
 
 import triton.language as tl  # noqa: E402
 from triton import knobs  # noqa: E402
-from triton.runtime.jit import compute_cache_key, create_function_from_signature  # noqa: E402
 
 import jitkey.triton as jt  # noqa: E402
 import test_triton_cpu as cpu  # noqa: E402
@@ -36,7 +35,10 @@ from jitkey.errors import GlobalsChangedError  # noqa: E402
 from jitkey.triton import _watch  # noqa: E402
 
 OFFSET = 3  # read by k_glob
-fake_runtime = cpu.fake_runtime  # the fixture of tests/test_triton_cpu.py
+fake_runtime = (
+    cpu.fake_runtime
+)  # the fixtures of tests/test_triton_cpu.py (Triton's path: a recording stand-in
+fake_triton = cpu.fake_triton  # keying its kernels as Triton does, with the knob values Triton folds in)
 
 
 def _k(a, n, m, BLOCK: tl.constexpr):
@@ -49,41 +51,6 @@ def _k_glob(a, n, m, BLOCK: tl.constexpr):
 
 ENV_KNOB = ("always_compile", "compilation", "always_compile")  # an env_bool knob (TRITON_ALWAYS_COMPILE)
 ENV_KEY = "TRITON_ALWAYS_COMPILE"
-
-
-@pytest.fixture
-def fake_triton(fake_runtime: Any) -> Any:
-    """Triton's path (``JITFunction.run``) replaced by a recording stand-in that keys its kernels as Triton does,
-    with the knob values Triton folds into the options (``debug`` and every ``TritonInfo.knob_reads``), so a
-    launch that used a stale knob state would launch another kernel than Triton's."""
-    state: dict[str, Any] = {"calls": [], "cks": {}}
-
-    def install(fn: Any) -> dict[str, Any]:
-        binder = create_function_from_signature(fn.signature, fn.params, cpu._BACKEND)
-
-        def run(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
-            kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
-            for name, section, attr in jt.triton_info().knob_reads:
-                kwargs[name] = getattr(getattr(knobs, section), attr)
-            for hook in fn.pre_run_hooks:
-                hook(*args, **kwargs)
-            state["calls"].append((args, kwargs))
-            _, spec, options = binder(*args, **kwargs)
-            tk = compute_cache_key({}, spec, options)
-            ck = state["cks"].setdefault(tk, cpu.FakeCK(tk))
-            per_device = dict.setdefault(fn.device_caches, fake_runtime.device, ({}, {}, None, None, None))
-            per_device[0][tk] = ck
-            for (gname, _), (val, gdict) in fn.used_global_vals.items():
-                if gdict.get(gname) != val:
-                    raise RuntimeError(f"Global variable {gname} has changed")
-            return ck
-
-        fn._jk_triton_run = run
-        state["calls"].clear()
-        state["cks"].clear()
-        return state
-
-    return install
 
 
 @pytest.fixture(autouse=True)
@@ -323,6 +290,8 @@ for _name, _section, _attr in [*jt.triton_info().knob_reads]:  # every knob Trit
 def _run(scenario: Callable[[Any], Callable[[], None]], fake_triton: Any, glob: bool = False) -> list[Any]:
     kernel = jt.jit(_k_glob if glob else _k)
     state = fake_triton(kernel)
+    state["calls"].clear()  # the fixture's record is shared by the test's runs
+    state["cks"].clear()
     if glob:
         kernel.cache_key  # noqa: B018 - computes used_global_vals as a compile would
     x = torch.empty(64)
@@ -480,6 +449,7 @@ def _run_unwatched(
     state is read per call."""
     kernel = jt.jit(_k)
     state = fake_triton(kernel)
+    state["calls"].clear()
     x = torch.empty(64)
     setup(kernel)
     kernel[(1,)](x, 16, 3, 64)

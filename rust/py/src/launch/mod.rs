@@ -27,7 +27,6 @@ mod state;
 mod vectorcall;
 
 use std::ptr::null_mut;
-use std::sync::Arc;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
@@ -46,7 +45,7 @@ use crate::torch::TorchCurrent;
 use entry::{Entry, MAX_MID};
 use pack::Slots;
 use plan::Stream;
-use state::{Kept, State};
+use state::{Current, Kept, Obj, State};
 use vectorcall::{launch_def, KernelBase};
 
 /// Parameters bound for one call: borrowed pointers into the call's args tuple, its kwargs dict
@@ -318,12 +317,12 @@ impl Launcher {
     }
 
     /// Writes the key: header, device, knob state, sorted launch options, parameters.
-    fn encode_key(
+    fn encode_key<O>(
         &self,
         py: Python<'_>,
         enc: &mut Encoder,
         device: &Bound<'_, PyAny>,
-        st: &State,
+        st: &State<O>,
         b: &BoundArgs,
     ) -> Result<(), Leave> {
         let sig = self.sig.get();
@@ -350,17 +349,17 @@ impl Launcher {
     }
 
     /// Whether Triton still holds the entry's kernel where it was found (see `Entry::kcache`).
-    fn entry_current(
+    fn entry_current<'py, O: Obj<'py>>(
         &self,
-        py: Python<'_>,
-        entry: &Bound<'_, PyAny>,
-        device: &Bound<'_, PyAny>,
-        st: &State,
+        py: Python<'py>,
+        entry: &Bound<'py, PyAny>,
+        device: &Bound<'py, PyAny>,
+        st: &State<O>,
     ) -> PyResult<bool> {
         let Ok(entry) = entry.cast::<Entry>() else { return Ok(true) }; // launch_hit reports it
         let e = entry.get();
         let (Some(kcache), Some(tkey)) = (&e.kcache, &e.tkey) else { return Ok(true) };
-        let Ok(caches) = st.device_caches.bind(py).cast::<PyDict>() else { return Ok(false) };
+        let Ok(caches) = st.device_caches.b(py).cast::<PyDict>() else { return Ok(false) };
         // PyDict_GetItem semantics: a defaultdict's factory is not called.
         let Some(per_device) = caches.get_item(device)? else { return Ok(false) };
         let Ok(per_device) = per_device.cast::<PyTuple>() else { return Ok(false) };
@@ -408,14 +407,14 @@ impl Launcher {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn launch_hit<'py>(
+    fn launch_hit<'py, O: Obj<'py>>(
         &self,
         py: Python<'py>,
         entry: &Bound<'py, PyAny>,
         grid: &Borrowed<'_, 'py, PyAny>,
         device: &Bound<'py, PyAny>,
         index: Option<i32>,
-        st: &State,
+        st: &State<O>,
         b: &BoundArgs,
     ) -> PyResult<Bound<'py, PyAny>> {
         let entry = entry.cast::<Entry>().map_err(|_| {
@@ -424,7 +423,7 @@ impl Launcher {
             )
         })?;
         let e = entry.get();
-        if st.used_global_vals.bind(py).is_truthy()? {
+        if st.used_global_vals.b(py).is_truthy()? {
             self.check_globals.bind(py).call0()?;
         }
         let params = b.params();
@@ -462,7 +461,7 @@ impl Launcher {
             let md_fn = ck.getattr(intern!(py, "launch_metadata"))?;
             let s = stream.object(py)?;
             let md = call_with(py, &md_fn, &[&[grid.as_ptr(), s.as_ptr()], params])?;
-            (md, st.enter.obj.bind(py).clone(), st.exit.obj.bind(py).clone())
+            (md, st.enter.obj.b(py).clone(), st.exit.obj.b(py).clone())
         };
         if let Some(plan) = &e.plan {
             // jitkey's own launch when the plan understands this call; else Triton's launcher below.
@@ -606,7 +605,11 @@ impl Launcher {
         self.bind_params(py, &pos, &names, &values, &mut b)
             .map_err(|m| ArgumentError::new_err(format!("arguments do not bind: {m}")))?;
         let st = self.state(py)?;
-        with_encoder(|enc| match self.encode_key(py, enc, device, &st, &b) {
+        let encoded = |enc: &mut Encoder| match &st {
+            Current::Kept(s) => self.encode_key(py, enc, device, &**s, &b),
+            Current::Read(s) => self.encode_key(py, enc, device, s, &b),
+        };
+        with_encoder(|enc| match encoded(enc) {
             Ok(()) => Ok(pyo3::types::PyBytes::new(py, enc.as_bytes())),
             Err(Leave::Raise(e)) => Err(e),
             Err(Leave::Fallback(reason)) => {
@@ -709,8 +712,19 @@ impl Call<'_> {
 
 impl Launcher {
     pub(super) fn run<'py>(&self, py: Python<'py>, call: &Call<'_>) -> PyResult<Bound<'py, PyAny>> {
-        let st: Arc<State> = self.state(py)?;
-        if st.pre_run_hooks.bind(py).is_truthy()? {
+        match self.state(py)? {
+            Current::Kept(st) => self.run_with(py, call, &*st),
+            Current::Read(st) => self.run_with(py, call, &st),
+        }
+    }
+
+    fn run_with<'py, O: Obj<'py>>(
+        &self,
+        py: Python<'py>,
+        call: &Call<'_>,
+        st: &State<O>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if st.pre_run_hooks.b(py).is_truthy()? {
             let why = Leave::Fallback(intern!(py, "pre_run_hooks").clone().into_any().unbind());
             return self.leave(py, why, call);
         }
@@ -742,19 +756,19 @@ impl Launcher {
         };
         let (device, index) = self.device(py)?;
         let probe = with_encoder(|enc| -> Result<Probe<'py>, Leave> {
-            self.encode_key(py, enc, &device, &st, &b)?;
+            self.encode_key(py, enc, &device, st, &b)?;
             let key = enc.as_bytes();
             let h = fast_hash_state().hash(key);
             Ok(match self.cache.get().get_encoded(py, h, key) {
                 // An entry whose kernel Triton no longer holds (its cache was cleared or
                 // replaced) is a miss: Triton is asked again, under the same key.
-                Some(v) if self.entry_current(py, &v, &device, &st)? => Probe::Hit(v),
+                Some(v) if self.entry_current(py, &v, &device, st)? => Probe::Hit(v),
                 _ => Probe::Miss(h, key.to_vec()),
             })
         });
         let grid = borrowed(py, call.grid);
         match probe {
-            Ok(Probe::Hit(entry)) => self.launch_hit(py, &entry, &grid, &device, index, &st, &b),
+            Ok(Probe::Hit(entry)) => self.launch_hit(py, &entry, &grid, &device, index, st, &b),
             Ok(Probe::Miss(h, key)) => {
                 let (grid, args, kwargs) = call.to_python(py)?;
                 let out = self.miss.bind(py).call1((grid, args, kwargs))?;

@@ -99,51 +99,100 @@ fn unkeyable(py: Python<'_>, what: &str, e: crate::keys::WalkError) -> Py<PyAny>
     err.into_value(py).into_any()
 }
 
-/// A launch hook as read: the object Triton passes, and for a `HookChain` its `calls` (checked for
-/// emptiness per call).
-pub(super) struct Hook {
-    pub(super) obj: Py<PyAny>,
-    calls: Option<Py<PyAny>>,
+/// A handle on a Python object a state holds: `Py` in a kept state, `Bound` in one read for a single
+/// call (dropped without pyo3's check for an attached thread, and with no allocation to share it).
+pub(super) trait Obj<'py> {
+    fn b(&self, py: Python<'py>) -> &Bound<'py, PyAny>;
 }
 
-impl Hook {
+impl<'py> Obj<'py> for Py<PyAny> {
+    #[inline]
+    fn b(&self, py: Python<'py>) -> &Bound<'py, PyAny> {
+        self.bind(py)
+    }
+}
+
+impl<'py> Obj<'py> for Bound<'py, PyAny> {
+    #[inline]
+    fn b(&self, _py: Python<'py>) -> &Bound<'py, PyAny> {
+        self
+    }
+}
+
+/// A launch hook as read: the object Triton passes, and for a `HookChain` its `calls` (checked for
+/// emptiness per call).
+pub(super) struct Hook<O> {
+    pub(super) obj: O,
+    calls: Option<O>,
+}
+
+impl<O> Hook<O> {
     /// Whether calling the hook does nothing: `None`, or a `HookChain` (the exact class) whose
     /// `calls` is empty. Anything else is a hook.
-    pub(super) fn is_empty(&self, py: Python<'_>) -> PyResult<bool> {
-        if self.obj.is_none(py) {
+    pub(super) fn is_empty<'py>(&self, py: Python<'py>) -> PyResult<bool>
+    where
+        O: Obj<'py>,
+    {
+        if self.obj.b(py).is_none() {
             return Ok(true);
         }
         match &self.calls {
-            Some(c) => Ok(!c.bind(py).is_truthy()?),
+            Some(c) => Ok(!c.b(py).is_truthy()?),
             None => Ok(false),
         }
     }
 }
 
 /// What a launch reads from Triton's Python objects, as read at one moment.
-pub(super) struct State {
+pub(super) struct State<O> {
     version: u64,
     why: Option<Why>,
     /// `environ`'s pointers when the state was read, if an env knob was read.
     env: Option<Box<[usize]>>,
     /// The `knobs.<section>` objects, in `Launcher::sections` order.
-    sections: Vec<Py<PyAny>>,
-    pub(super) pre_run_hooks: Py<PyAny>,
-    pub(super) device_caches: Py<PyAny>,
-    pub(super) used_global_vals: Py<PyAny>,
+    sections: Vec<O>,
+    pub(super) pre_run_hooks: O,
+    pub(super) device_caches: O,
+    pub(super) used_global_vals: O,
     /// The key bytes of `fn.debug`, `knobs.runtime.debug` and each knob read, or why the call
     /// falls back (a value the key cannot hold).
     pub(super) key: Result<Vec<u8>, Py<PyAny>>,
     /// `knobs.runtime.add_stages_inspection_hook` is set (Triton >= 3.7 keys on it: fall back).
     pub(super) stages_hook: bool,
-    pub(super) enter: Hook,
-    pub(super) exit: Hook,
+    pub(super) enter: Hook<O>,
+    pub(super) exit: Hook<O>,
+}
+
+impl<'py> State<Bound<'py, PyAny>> {
+    fn unbind(self) -> State<Py<PyAny>> {
+        let hook =
+            |h: Hook<Bound<'py, PyAny>>| Hook { obj: h.obj.unbind(), calls: h.calls.map(Bound::unbind) };
+        State {
+            version: self.version,
+            why: self.why,
+            env: self.env,
+            sections: self.sections.into_iter().map(Bound::unbind).collect(),
+            pre_run_hooks: self.pre_run_hooks.unbind(),
+            device_caches: self.device_caches.unbind(),
+            used_global_vals: self.used_global_vals.unbind(),
+            key: self.key,
+            stages_hook: self.stages_hook,
+            enter: hook(self.enter),
+            exit: hook(self.exit),
+        }
+    }
+}
+
+/// This call's state: the kept one, or one read for this call only.
+pub(super) enum Current<'py> {
+    Kept(Arc<State<Py<PyAny>>>),
+    Read(State<Bound<'py, PyAny>>),
 }
 
 /// How a launcher keeps its state, and what it counted.
 #[derive(Default)]
 pub(super) struct Kept {
-    state: Mutex<Option<Arc<State>>>,
+    state: Mutex<Option<Arc<State<Py<PyAny>>>>>,
     /// Calls served by the kept state.
     watched: AtomicU64,
     /// States read from the objects (every call when unwatched).
@@ -154,7 +203,7 @@ pub(super) struct Kept {
 
 impl Launcher {
     /// This call's state: the kept one while it is valid, else read now (and kept when watched).
-    pub(super) fn state(&self, py: Python<'_>) -> PyResult<Arc<State>> {
+    pub(super) fn state<'py>(&self, py: Python<'py>) -> PyResult<Current<'py>> {
         if self.watch.is_some() {
             let kept = self.kept.state.lock().unwrap_or_else(PoisonError::into_inner).clone();
             if let Some(s) = kept {
@@ -163,22 +212,24 @@ impl Launcher {
                     // locked instruction per launch for it).
                     let n = self.kept.watched.load(Ordering::Relaxed);
                     self.kept.watched.store(n + 1, Ordering::Relaxed);
-                    return Ok(s);
+                    return Ok(Current::Kept(s));
                 }
             }
         }
-        let s = Arc::new(self.read_state(py)?);
+        let s = self.read_state(py)?;
         self.kept.reads.fetch_add(1, Ordering::Relaxed);
         self.kept.last_why.store(s.why.map_or(0, Why::code), Ordering::Relaxed);
-        if s.why.is_none() {
-            // The state replaced is dropped after the lock is released (a drop may run Python code
-            // that launches this kernel again).
-            let _old = self.kept.state.lock().unwrap_or_else(PoisonError::into_inner).replace(s.clone());
+        if s.why.is_some() {
+            return Ok(Current::Read(s));
         }
-        Ok(s)
+        let s = Arc::new(s.unbind());
+        // The state replaced is dropped after the lock is released (a drop may run Python code that
+        // launches this kernel again).
+        let _old = self.kept.state.lock().unwrap_or_else(PoisonError::into_inner).replace(s.clone());
+        Ok(Current::Kept(s))
     }
 
-    fn still_valid(&self, py: Python<'_>, s: &State) -> bool {
+    fn still_valid(&self, py: Python<'_>, s: &State<Py<PyAny>>) -> bool {
         if s.version != VERSION.load(Ordering::Acquire) {
             return false;
         }
@@ -196,7 +247,7 @@ impl Launcher {
 
     /// Reads everything a launch reads from Triton's objects (Python attribute reads, as Triton
     /// makes them) and whether the result may be kept.
-    fn read_state(&self, py: Python<'_>) -> PyResult<State> {
+    fn read_state<'py>(&self, py: Python<'py>) -> PyResult<State<Bound<'py, PyAny>>> {
         let version = VERSION.load(Ordering::Acquire); // before any read: a bump during it invalidates
         let environ = if self.watch.is_some() { env::snapshot() } else { None };
         let mut why = if self.watch.is_some() { None } else { Some(Why::Off) };
@@ -275,10 +326,10 @@ impl Launcher {
             version,
             why,
             env: if env_read { environ } else { None },
-            sections: sections.into_iter().map(Bound::unbind).collect(),
-            pre_run_hooks: pre_run_hooks.unbind(),
-            device_caches: device_caches.unbind(),
-            used_global_vals: used_global_vals.unbind(),
+            sections,
+            pre_run_hooks,
+            device_caches,
+            used_global_vals,
             key,
             stages_hook,
             enter,
@@ -286,12 +337,12 @@ impl Launcher {
         })
     }
 
-    fn hook(&self, py: Python<'_>, obj: Bound<'_, PyAny>) -> PyResult<Hook> {
+    fn hook<'py>(&self, py: Python<'py>, obj: Bound<'py, PyAny>) -> PyResult<Hook<Bound<'py, PyAny>>> {
         let calls = match &self.hook_chain {
-            Some(t) if obj.get_type().is(t.bind(py)) => Some(obj.getattr(intern!(py, "calls"))?.unbind()),
+            Some(t) if obj.get_type().is(t.bind(py)) => Some(obj.getattr(intern!(py, "calls"))?),
             _ => None,
         };
-        Ok(Hook { obj: obj.unbind(), calls })
+        Ok(Hook { obj, calls })
     }
 
     /// The key of the knob state so far (see `State::key`): `fn.debug`, `knobs.runtime.debug`.
