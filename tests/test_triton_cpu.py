@@ -336,6 +336,42 @@ def test_launch_options_in_another_order_hit(fake_runtime, fake_triton):
     assert len(state["calls"]) == 2
 
 
+def test_one_call_site_binds_its_keywords_per_call(fake_runtime, fake_triton):
+    """A call site's keyword names are worked out once (its kwnames tuple): what depends on the call is still
+    checked per call (a positional argument that now covers a keyword's parameter), sites beyond the few kept
+    and fresh **kwargs tuples bind the same."""
+    kernel = jt.bind(k_full)
+    state = fake_triton(kernel)
+    x = torch.empty(64)
+
+    def site(*args):  # one call site: one kwnames tuple ("OPT", "num_warps") whatever the positional count
+        return kernel[(1,)](*args, OPT=7, num_warps=4)
+
+    args = (x, x, 16, 5, 1.0, True, 64)
+    ck = site(*args)
+    site(*args)
+    assert len(state["calls"]) == 1 and len(ck.launches) == 1
+    calls = []
+    kernel._jk_triton_run = lambda *a, **k: calls.append((a, k)) or "triton"
+    assert site(*args, 7) == "triton"  # OPT passed twice: Triton's path raises it, as always
+    reasons = kernel.cache_stats()["fallback_reasons"]
+    assert list(reasons) == ["arguments do not bind: got multiple values for argument 'OPT'"]
+    fake_triton(kernel)
+    sites = [
+        lambda: kernel[(1,)](x, x, m=5, f=1.0, flag=True, n=16, BLOCK=64, num_warps=4),
+        lambda: kernel[(1,)](x, x, 16, 5, 1.0, True, BLOCK=64, num_warps=4),
+        lambda: kernel[(1,)](x, x, 16, 5, 1.0, flag=True, num_warps=4, BLOCK=64),
+        lambda: kernel[(1,)](x, x, 16, 5, f=1.0, flag=True, num_warps=4, BLOCK=64),
+        lambda: kernel[(1,)](x, b=x, n=16, m=5, f=1.0, flag=True, num_warps=4, BLOCK=64),
+        lambda: kernel[(1,)](x, x, 16, 5, 1.0, True, **{"num_warps": 4, "BLOCK": 64}),
+    ]
+    before = len(state["calls"])
+    for _ in range(3):  # more sites than plans are kept, in turn: each binds as the first call did
+        for s in sites:
+            assert s() is ck
+    assert len(state["calls"]) == before and len(ck.launches) == 1 + 3 * len(sites)
+
+
 def test_keyword_parameters_found_by_name_not_by_hash():
     """A keyword name matches a parameter only by its text (the hash compare only skips non-matches)."""
 

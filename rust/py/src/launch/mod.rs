@@ -19,6 +19,7 @@
 //! `_KernelBase`), `compiled` (a compiled kernel launched as a library launches it from its own
 //! cache: `_CompiledLaunch`, for DSL plans). This file is the launcher itself: bind, key, probe, hit.
 
+mod bind;
 mod compiled;
 mod entry;
 mod pack;
@@ -42,102 +43,12 @@ use crate::keys::{encode_into, fast_hash_state, tuple_fill, tuple_item, with_enc
 use crate::lru::PyLruCache;
 use crate::signature::Signature;
 use crate::torch::TorchCurrent;
+use bind::{BoundArgs, KwPlans};
 use entry::{Entry, MAX_MID};
 use pack::Slots;
 use plan::Stream;
 use state::{Current, Kept, Obj, State};
 use vectorcall::{launch_def, KernelBase};
-
-/// Parameters bound for one call: borrowed pointers into the call's args tuple, its kwargs dict
-/// and the signature's defaults, all of which outlive the call.
-const STACK: usize = 32;
-/// Launch options kept inline (more spill to the heap).
-const OPTS: usize = 8;
-
-type Opt = (*mut ffi::PyObject, *mut ffi::PyObject);
-
-struct BoundArgs {
-    stack: [*mut ffi::PyObject; STACK],
-    heap: Vec<*mut ffi::PyObject>,
-    n: usize,
-    /// Keyword arguments that are not parameters: `(name, value)`, sorted by name.
-    opts: Opts,
-}
-
-impl BoundArgs {
-    fn new() -> Self {
-        BoundArgs { stack: [null_mut(); STACK], heap: Vec::new(), n: 0, opts: Opts::new() }
-    }
-
-    fn params(&self) -> &[*mut ffi::PyObject] {
-        if self.n <= STACK {
-            &self.stack[..self.n]
-        } else {
-            &self.heap
-        }
-    }
-}
-
-/// Launch options, kept inline up to `OPTS` (no allocation per call).
-struct Opts {
-    stack: [Opt; OPTS],
-    heap: Vec<Opt>,
-    n: usize,
-}
-
-impl Opts {
-    fn new() -> Self {
-        Opts { stack: [(null_mut(), null_mut()); OPTS], heap: Vec::new(), n: 0 }
-    }
-
-    fn push(&mut self, o: Opt) {
-        if self.n < OPTS {
-            self.stack[self.n] = o;
-        } else {
-            if self.n == OPTS {
-                self.heap.extend_from_slice(&self.stack);
-            }
-            self.heap.push(o);
-        }
-        self.n += 1;
-    }
-
-    fn as_slice(&self) -> &[Opt] {
-        if self.n <= OPTS {
-            &self.stack[..self.n]
-        } else {
-            &self.heap
-        }
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [Opt] {
-        if self.n <= OPTS {
-            &mut self.stack[..self.n]
-        } else {
-            &mut self.heap
-        }
-    }
-}
-
-/// The UTF-8 bytes of a keyword name, as cached by the str object (no copy); empty for a name that
-/// has none (not a str, lone surrogates), as the sort has always treated those.
-fn name_utf8<'a>(p: *mut ffi::PyObject) -> &'a [u8] {
-    // SAFETY: `p` is a live object kept alive by the call; PyUnicode_AsUTF8AndSize returns the
-    // str's own cached UTF-8 buffer, valid while the str lives, or null with an error set, which is
-    // cleared here.
-    unsafe {
-        if ffi::PyUnicode_Check(p) == 0 {
-            return &[];
-        }
-        let mut size: ffi::Py_ssize_t = 0;
-        let data = ffi::PyUnicode_AsUTF8AndSize(p, &mut size);
-        if data.is_null() {
-            ffi::PyErr_Clear();
-            return &[];
-        }
-        std::slice::from_raw_parts(data.cast::<u8>(), size as usize)
-    }
-}
 
 /// Why a call leaves the fast path.
 enum Leave {
@@ -183,6 +94,8 @@ pub(crate) struct Launcher {
     names: Vec<Py<PyString>>,
     /// `hash(name)` of each parameter name (a keyword name is compared by hash before its text).
     name_hashes: Vec<ffi::Py_hash_t>,
+    /// How the keyword names of recent calls bind (`bind::KwPlan`).
+    kw_plans: KwPlans,
     /// How many parameters may be passed positionally (the rest are keyword-only).
     npos: usize,
     /// What the watch covers (`{(knob class, attribute): "plain" | "env"}`): `Some` when this
@@ -242,80 +155,6 @@ fn call_one<'py>(
 }
 
 impl Launcher {
-    /// Binds positional arguments and keyword arguments (`kw_names[i]` = `kw_values[i]`) to the
-    /// parameters; `Err` is why the call cannot bind (Triton's own path then raises it).
-    fn bind_params(
-        &self,
-        py: Python<'_>,
-        pos: &[*mut ffi::PyObject],
-        kw_names: &[*mut ffi::PyObject],
-        kw_values: &[*mut ffi::PyObject],
-        b: &mut BoundArgs,
-    ) -> Result<(), String> {
-        let sig = self.sig.get();
-        let n = self.names.len();
-        let nargs = pos.len();
-        if nargs > self.npos {
-            let npos = self.npos;
-            return Err(format!("takes {npos} positional arguments but {nargs} were given"));
-        }
-        b.n = n;
-        let slots: &mut [*mut ffi::PyObject] = if n <= STACK {
-            &mut b.stack[..n]
-        } else {
-            b.heap.resize(n, null_mut());
-            &mut b.heap
-        };
-        slots[..nargs].copy_from_slice(pos);
-        for (&k, &v) in kw_names.iter().zip(kw_values) {
-            let j = self.names.iter().position(|name| name.as_ptr() == k).or_else(|| self.param_index(py, k));
-            match j {
-                Some(j) if j < nargs || !slots[j].is_null() => {
-                    return Err(format!("got multiple values for argument '{}'", sig.param_names()[j]));
-                }
-                Some(j) => slots[j] = v,
-                None => b.opts.push((k, v)),
-            }
-        }
-        for (i, slot) in slots.iter_mut().enumerate().skip(nargs) {
-            if slot.is_null() {
-                match sig.default_of(i) {
-                    Some(d) => *slot = d.as_ptr(),
-                    None => return Err(format!("missing a required argument: '{}'", sig.param_names()[i])),
-                }
-            }
-        }
-        // Sorted by name (UTF-8 bytes, as `String`s compare), without copying a name; usually
-        // already sorted. Names are distinct (a call cannot repeat a keyword).
-        let opts = b.opts.as_mut_slice();
-        if !opts.windows(2).all(|w| name_utf8(w[0].0) <= name_utf8(w[1].0)) {
-            opts.sort_unstable_by(|a, b| name_utf8(a.0).cmp(name_utf8(b.0)));
-        }
-        Ok(())
-    }
-
-    /// The parameter named `k` (a keyword name that is not one of the interned parameter names
-    /// themselves): an exact str is compared by its cached hash first, so a launch option costs no
-    /// string comparison per parameter.
-    fn param_index(&self, py: Python<'_>, k: *mut ffi::PyObject) -> Option<usize> {
-        let names = self.sig.get().param_names();
-        // SAFETY: `k` is a live object kept alive by the call; for an exact str PyObject_Hash runs no
-        // Python code, cannot fail and returns the str's cached hash (computing it once).
-        let hash = unsafe { (ffi::PyUnicode_CheckExact(k) != 0).then(|| ffi::PyObject_Hash(k)) };
-        if let Some(h) = hash {
-            let key = name_utf8(k);
-            return self
-                .name_hashes
-                .iter()
-                .zip(names)
-                .position(|(&nh, name)| nh == h && name.as_bytes() == key);
-        }
-        let key = borrowed(py, k);
-        let key = key.cast::<PyString>().ok()?;
-        let key = key.to_str().ok()?;
-        names.iter().position(|name| name == key)
-    }
-
     /// Writes the key: header, device, knob state, sorted launch options, parameters.
     fn encode_key<O>(
         &self,
@@ -339,8 +178,13 @@ impl Launcher {
         }
         let opts = b.opts.as_slice();
         enc.tuple_header(opts.len()).map_err(|e| Leave::Raise(PyTypeError::new_err(e.to_string())))?;
-        for &(k, v) in opts {
-            encode_into(&borrowed(py, k), enc).map_err(|e| unkeyable("a launch option name", e))?;
+        for (i, &(k, v)) in opts.iter().enumerate() {
+            match b.plan.as_ref().and_then(|p| p.encoded_name(i)) {
+                Some(name) => enc.raw(name), // the name as encode_into writes it, once per tuple of names
+                None => {
+                    encode_into(&borrowed(py, k), enc).map_err(|e| unkeyable("a launch option name", e))?
+                }
+            }
             encode_into(&borrowed(py, v), enc).map_err(|e| unkeyable("a launch option", e))?;
         }
         sig.encode_params_in_process(py, b.params(), enc)
@@ -568,6 +412,7 @@ impl Launcher {
             check_globals: kernel.getattr("_jk_check_globals")?.unbind(),
             names,
             name_hashes,
+            kw_plans: KwPlans::default(),
             npos,
             watch,
             off,
@@ -602,7 +447,7 @@ impl Launcher {
         let names: Vec<_> = kw.iter().map(|(k, _)| k.as_ptr()).collect();
         let values: Vec<_> = kw.iter().map(|(_, v)| v.as_ptr()).collect();
         let mut b = BoundArgs::new();
-        self.bind_params(py, &pos, &names, &values, &mut b)
+        self.bind_params(py, &pos, null_mut(), &names, &values, &mut b)
             .map_err(|m| ArgumentError::new_err(format!("arguments do not bind: {m}")))?;
         let st = self.state(py)?;
         let encoded = |enc: &mut Encoder| match &st {
@@ -673,11 +518,13 @@ impl Launcher {
         if let Some(o) = &self.off {
             visit.call(o)?;
         }
+        self.kw_plans.visit(&visit)?;
         self.visit_kept(&visit)
     }
 
     fn __clear__(&self) {
         self.clear_kept();
+        self.kw_plans.clear();
     }
 }
 
@@ -747,7 +594,7 @@ impl Launcher {
             *slot = unsafe { tuple_item(call.kwnames, i as ffi::Py_ssize_t) };
         }
         let mut b = BoundArgs::new();
-        match self.bind_params(py, call.pos, kw_names, call.kw_values, &mut b) {
+        match self.bind_params(py, call.pos, call.kwnames, kw_names, call.kw_values, &mut b) {
             Ok(()) => {}
             Err(msg) => {
                 let why = PyString::new(py, &format!("arguments do not bind: {msg}")).into_any().unbind();
