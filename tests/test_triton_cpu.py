@@ -372,6 +372,32 @@ def test_one_call_site_binds_its_keywords_per_call(fake_runtime, fake_triton):
     assert len(state["calls"]) == before and len(ck.launches) == 1 + 3 * len(sites)
 
 
+def test_a_kept_keyword_plan_still_checks_each_call(fake_runtime, fake_triton):
+    """Call sites whose keyword names are one constant tuple bind through a kept plan after the second
+    call: the same kernels as without one, and a positional argument covering a keyword's parameter is
+    still refused per call (two calls of one function share a constant tuple ("OPT", "num_warps"))."""
+    kernel = jt.bind(k_full)
+    state = fake_triton(kernel)
+    x = torch.empty(64)
+
+    def both(extra):
+        ok = kernel[(1,)](x, x, 16, 5, 1.0, True, 64, OPT=7, num_warps=4)
+        if extra:
+            kernel[(1,)](x, x, 16, 5, 1.0, True, 64, 7, OPT=7, num_warps=4)
+        return ok
+
+    ck = both(False)
+    for _ in range(3):
+        assert both(False) is ck  # the plan is made at the second call, then used
+    assert len(state["calls"]) == 1 and len(ck.launches) == 3
+    plain = kernel[(1,)](x, x, 16, 5, 1.0, True, 64, **{"num_warps": 4, "OPT": 7})  # a fresh tuple: no plan
+    assert plain is ck and len(state["calls"]) == 1
+    kernel._jk_triton_run = lambda *a, **k: "triton"
+    assert both(True) is ck  # its second call goes to Triton's path, which raises there
+    reasons = kernel.cache_stats()["fallback_reasons"]
+    assert list(reasons) == ["arguments do not bind: got multiple values for argument 'OPT'"]
+
+
 def test_keyword_parameters_found_by_name_not_by_hash():
     """A keyword name matches a parameter only by its text (the hash compare only skips non-matches)."""
 

@@ -3,11 +3,12 @@
 //! by name (their UTF-8 bytes, as Rust `String`s compare).
 //!
 //! How a call's keyword names bind (which parameter each names, the options' sorted order, the
-//! options' names as the key encodes them) depends only on the names: it is worked out once per
-//! vectorcall `kwnames` tuple and kept (`KwPlan`), holding the tuple so its address names it. A call
-//! site's `kwnames` is a constant of its code object, so a loop of `kernel[grid](..., BLOCK=64,
-//! num_warps=4)` binds its keywords with one pointer compare; a call with a fresh tuple each time
-//! (`**kwargs`) works its plan out again. Nothing here allocates per call below `STACK` parameters and
+//! options' names as the key encodes them) depends only on the names: for a vectorcall `kwnames`
+//! tuple seen twice in a row it is worked out once and kept (`KwPlan`), holding the tuple so that its
+//! address names it. A call site's `kwnames` is a constant of its code object, so a loop of
+//! `kernel[grid](x, y, BLOCK=64, num_warps=4)` binds its keywords with one pointer compare. A call
+//! whose tuple is made afresh each time (`f(*args, **kwargs)`, keyword arguments after `*args`) binds
+//! them directly, each name read once. Nothing here allocates per call below `STACK` parameters and
 //! `OPTS` options, or copies a name.
 
 use std::ptr::null_mut;
@@ -27,6 +28,8 @@ use crate::keys::encode_into;
 const STACK: usize = 32;
 /// Launch options kept inline (more spill to the heap).
 const OPTS: usize = 8;
+/// Keyword plans kept (a loop over a few call sites keeps them all).
+const PLANS: usize = 4;
 
 pub(super) type Opt = (*mut ffi::PyObject, *mut ffi::PyObject);
 
@@ -85,6 +88,29 @@ impl Opts {
             &self.heap
         }
     }
+
+    /// Sorts by name, each name read once, without allocating below `OPTS` options; names are
+    /// distinct (a call cannot repeat a keyword), so the order is total.
+    fn sort(&mut self) {
+        if self.n < 2 {
+            return;
+        }
+        if self.n > OPTS {
+            self.heap.sort_by_cached_key(|&(k, _)| name_utf8(k));
+            return;
+        }
+        let mut named: [(&[u8], Opt); OPTS] = [(&[], (null_mut(), null_mut())); OPTS];
+        for (slot, &o) in named.iter_mut().zip(&self.stack[..self.n]) {
+            *slot = (name_utf8(o.0), o);
+        }
+        let named = &mut named[..self.n];
+        if !named.windows(2).all(|w| w[0].0 <= w[1].0) {
+            named.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            for (slot, &(_, o)) in self.stack.iter_mut().zip(named.iter()) {
+                *slot = o;
+            }
+        }
+    }
 }
 
 /// The UTF-8 bytes of a keyword name, as cached by the str object (no copy); empty for a name that
@@ -110,7 +136,7 @@ fn name_utf8<'a>(p: *mut ffi::PyObject) -> &'a [u8] {
 /// How one tuple of keyword names binds.
 pub(super) struct KwPlan {
     /// The `kwnames` tuple this plan is for, kept alive so that no other tuple can have its address.
-    kwnames: Option<Py<PyAny>>,
+    kwnames: Py<PyAny>,
     /// Per keyword position: the parameter it names, or `None` (a launch option).
     slots: Box<[Option<usize>]>,
     /// The options' keyword positions, sorted by name.
@@ -129,32 +155,57 @@ impl KwPlan {
     }
 }
 
-/// The last keyword plans made (one per call site alternating in a loop is the common case).
-const PLANS: usize = 4;
-
-/// The plans of the last `PLANS` keyword tuples seen (a loop over a few call sites keeps them all).
+/// The plans of the last `PLANS` keyword tuples seen twice in a row, and the last tuple seen once
+/// (`candidate`): a tuple made afresh for each call never shows up twice, so it never costs a plan.
 #[derive(Default)]
-pub(super) struct KwPlans(Mutex<([Option<Arc<KwPlan>>; PLANS], usize)>);
+pub(super) struct KwPlans(Mutex<Plans>);
+
+#[derive(Default)]
+struct Plans {
+    kept: [Option<Arc<KwPlan>>; PLANS],
+    next: usize,
+    candidate: Option<Py<PyAny>>,
+}
+
+/// What `KwPlans::find` answers for a tuple of keyword names.
+enum Found {
+    Plan(Arc<KwPlan>),
+    /// The tuple of the call before this one: worth a plan.
+    Again,
+    /// Not seen lately (it is the candidate now).
+    New,
+}
 
 impl KwPlans {
-    fn find(&self, kwnames: *mut ffi::PyObject) -> Option<Arc<KwPlan>> {
-        let kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        kept.0.iter().flatten().find(|p| p.kwnames.as_ref().is_some_and(|t| t.as_ptr() == kwnames)).cloned()
+    fn find(&self, py: Python<'_>, kwnames: *mut ffi::PyObject) -> Found {
+        let old;
+        {
+            let mut plans = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(p) = plans.kept.iter().flatten().find(|p| p.kwnames.as_ptr() == kwnames) {
+                return Found::Plan(p.clone());
+            }
+            if plans.candidate.as_ref().is_some_and(|c| c.as_ptr() == kwnames) {
+                return Found::Again;
+            }
+            old = plans.candidate.replace(borrowed(py, kwnames).to_owned().unbind());
+        }
+        drop(old); // after the lock: dropping a tuple may run Python code
+        Found::New
     }
 
     fn keep(&self, plan: Arc<KwPlan>) {
         let old = {
-            let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-            let i = kept.1 % PLANS;
-            kept.1 = kept.1.wrapping_add(1);
-            kept.0[i].replace(plan)
+            let mut plans = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let i = plans.next % PLANS;
+            plans.next = plans.next.wrapping_add(1);
+            plans.kept[i].replace(plan)
         };
-        drop(old); // after the lock: dropping a tuple may run Python code
+        drop(old); // after the lock, as above
     }
 
     pub(super) fn visit(&self, visit: &pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
-        if let Ok(kept) = self.0.try_lock() {
-            for t in kept.0.iter().flatten().filter_map(|p| p.kwnames.as_ref()) {
+        if let Ok(plans) = self.0.try_lock() {
+            for t in plans.kept.iter().flatten().map(|p| &p.kwnames).chain(&plans.candidate) {
                 visit.call(t)?;
             }
         }
@@ -162,7 +213,7 @@ impl KwPlans {
     }
 
     pub(super) fn clear(&self) {
-        let _old = self.0.try_lock().ok().map(|mut kept| std::mem::take(&mut kept.0));
+        let _old = self.0.try_lock().ok().map(|mut plans| std::mem::take(&mut *plans));
     }
 }
 
@@ -194,28 +245,41 @@ impl Launcher {
             &mut b.heap
         };
         slots[..nargs].copy_from_slice(pos);
+        let twice = |j: usize| format!("got multiple values for argument '{}'", sig.param_names()[j]);
         if !kw_names.is_empty() {
-            let plan = match (!kwnames.is_null()).then(|| self.kw_plans.find(kwnames)).flatten() {
-                Some(p) => p,
-                None => {
+            // SAFETY: a non-null kwnames is a live object (the call's vectorcall tuple).
+            let tuple = !kwnames.is_null() && unsafe { ffi::PyTuple_CheckExact(kwnames) } != 0;
+            let plan = match if tuple { self.kw_plans.find(py, kwnames) } else { Found::New } {
+                Found::Plan(p) => Some(p),
+                Found::Again => {
                     let p = Arc::new(self.kw_plan(py, kwnames, kw_names));
-                    if p.kwnames.is_some() {
-                        self.kw_plans.keep(p.clone());
-                    }
-                    p
+                    self.kw_plans.keep(p.clone());
+                    Some(p)
                 }
+                Found::New => None,
             };
-            for (&j, &v) in plan.slots.iter().zip(kw_values) {
-                let Some(j) = j else { continue };
-                if j < nargs || !slots[j].is_null() {
-                    return Err(format!("got multiple values for argument '{}'", sig.param_names()[j]));
+            if let Some(plan) = plan {
+                for (&j, &v) in plan.slots.iter().zip(kw_values) {
+                    let Some(j) = j else { continue };
+                    if j < nargs || !slots[j].is_null() {
+                        return Err(twice(j));
+                    }
+                    slots[j] = v;
                 }
-                slots[j] = v;
+                for &i in plan.order.iter() {
+                    b.opts.push((kw_names[i], kw_values[i]));
+                }
+                b.plan = Some(plan);
+            } else {
+                for (&k, &v) in kw_names.iter().zip(kw_values) {
+                    match self.param_of(py, k) {
+                        Some(j) if j < nargs || !slots[j].is_null() => return Err(twice(j)),
+                        Some(j) => slots[j] = v,
+                        None => b.opts.push((k, v)),
+                    }
+                }
+                b.opts.sort();
             }
-            for &i in plan.order.iter() {
-                b.opts.push((kw_names[i], kw_values[i]));
-            }
-            b.plan = Some(plan);
         }
         for (i, slot) in slots.iter_mut().enumerate().skip(nargs) {
             if slot.is_null() {
@@ -228,40 +292,38 @@ impl Launcher {
         Ok(())
     }
 
-    /// How `kw_names` bind (see `KwPlan`); kept for `kwnames` when it is the exact tuple they are.
+    /// How `kw_names`, the items of the tuple `kwnames`, bind (see `KwPlan`): as `bind_params` binds
+    /// them without a plan.
     fn kw_plan(
         &self,
         py: Python<'_>,
         kwnames: *mut ffi::PyObject,
         kw_names: &[*mut ffi::PyObject],
     ) -> KwPlan {
-        let slots: Box<[Option<usize>]> = kw_names
-            .iter()
-            .map(|&k| {
-                self.names.iter().position(|name| name.as_ptr() == k).or_else(|| self.param_index(py, k))
-            })
-            .collect();
+        let slots: Box<[Option<usize>]> = kw_names.iter().map(|&k| self.param_of(py, k)).collect();
         let mut order: Vec<usize> = (0..kw_names.len()).filter(|&i| slots[i].is_none()).collect();
-        // Names are distinct (a call cannot repeat a keyword), so the order is total.
         order.sort_unstable_by(|&a, &b| name_utf8(kw_names[a]).cmp(name_utf8(kw_names[b])));
         let mut enc = Encoder::from_vec(Vec::new());
         let mut ends = Vec::with_capacity(order.len());
-        let mut names = Some(());
+        let mut encoded = true;
         for &i in &order {
             if encode_into(&borrowed(py, kw_names[i]), &mut enc).is_err() {
-                names = None;
+                encoded = false;
                 break;
             }
             ends.push(enc.len());
         }
-        // SAFETY: a non-null kwnames is a live object (the call's vectorcall tuple).
-        let exact = !kwnames.is_null() && unsafe { ffi::PyTuple_CheckExact(kwnames) } != 0;
         KwPlan {
-            kwnames: exact.then(|| borrowed(py, kwnames).to_owned().unbind()),
+            kwnames: borrowed(py, kwnames).to_owned().unbind(),
             slots,
             order: order.into_boxed_slice(),
-            names: names.map(|()| (enc.into_vec(), ends.into_boxed_slice())),
+            names: encoded.then(|| (enc.into_vec(), ends.into_boxed_slice())),
         }
+    }
+
+    /// The parameter a keyword names, or `None` (a launch option).
+    fn param_of(&self, py: Python<'_>, k: *mut ffi::PyObject) -> Option<usize> {
+        self.names.iter().position(|name| name.as_ptr() == k).or_else(|| self.param_index(py, k))
     }
 
     /// The parameter named `k` (a keyword name that is not one of the interned parameter names
