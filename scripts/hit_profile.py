@@ -116,7 +116,7 @@ def main() -> None:
     assert st["fallbacks"] == 0 and st["driver_launches"] >= 9 * n, st
     print(
         f"{nptr + 2} args {' '.join(sorted(flags))}: min {min(res):.0f} ns, median {statistics.median(res):.0f} ns"
-        f" per hit; watched state {st['watched_state']}"
+        f" per hit; watched state {st.get('watched_state')}"
     )
 
 

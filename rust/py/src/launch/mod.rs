@@ -173,7 +173,7 @@ impl Launcher {
         };
         encode_into(device, enc).map_err(|e| unkeyable("the current device", e))?;
         match &st.key {
-            Ok(bytes) => enc.raw(bytes),
+            Ok(bytes) => enc.raw(bytes.as_slice()),
             Err(reason) => return Err(Leave::Fallback(reason.clone_ref(py))),
         }
         let opts = b.opts.as_slice();

@@ -35,11 +35,9 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 
-use jitkey_core::key::Encoder;
-
 use super::Launcher;
 use crate::errors::ArgumentError;
-use crate::keys::encode_into;
+use crate::keys::{encode_into, with_encoder};
 
 /// The watch version: bumped by every watched write path; a kept state is valid only at the
 /// version it was read at.
@@ -99,6 +97,38 @@ fn unkeyable(py: Python<'_>, what: &str, e: crate::keys::WalkError) -> Py<PyAny>
     err.into_value(py).into_any()
 }
 
+/// What reading a state found out so far: why it cannot be kept, whether an env knob was read.
+struct Seen {
+    why: Option<Why>,
+    env: bool,
+}
+
+/// The knob state's key bytes: inline up to 64 (a few knobs: a handful of tagged bools and short
+/// strings), else on the heap.
+pub(super) enum KnobBytes {
+    Inline(u8, [u8; 64]),
+    Heap(Box<[u8]>),
+}
+
+impl KnobBytes {
+    fn new(bytes: &[u8]) -> Self {
+        if bytes.len() <= 64 {
+            let mut b = [0u8; 64];
+            b[..bytes.len()].copy_from_slice(bytes);
+            KnobBytes::Inline(bytes.len() as u8, b)
+        } else {
+            KnobBytes::Heap(bytes.into())
+        }
+    }
+
+    pub(super) fn as_slice(&self) -> &[u8] {
+        match self {
+            KnobBytes::Inline(n, b) => &b[..usize::from(*n)],
+            KnobBytes::Heap(b) => b,
+        }
+    }
+}
+
 /// A handle on a Python object a state holds: `Py` in a kept state, `Bound` in one read for a single
 /// call (dropped without pyo3's check for an attached thread, and with no allocation to share it).
 pub(super) trait Obj<'py> {
@@ -156,7 +186,7 @@ pub(super) struct State<O> {
     pub(super) used_global_vals: O,
     /// The key bytes of `fn.debug`, `knobs.runtime.debug` and each knob read, or why the call
     /// falls back (a value the key cannot hold).
-    pub(super) key: Result<Vec<u8>, Py<PyAny>>,
+    pub(super) key: Result<KnobBytes, Py<PyAny>>,
     /// `knobs.runtime.add_stages_inspection_hook` is set (Triton >= 3.7 keys on it: fall back).
     pub(super) stages_hook: bool,
     pub(super) enter: Hook<O>,
@@ -251,7 +281,6 @@ impl Launcher {
         let version = VERSION.load(Ordering::Acquire); // before any read: a bump during it invalidates
         let environ = if self.watch.is_some() { env::snapshot() } else { None };
         let mut why = if self.watch.is_some() { None } else { Some(Why::Off) };
-        let mut env_read = false;
         let kfn = self.kernel_fn.bind(py);
         let pre_run_hooks = kfn.getattr(intern!(py, "pre_run_hooks"))?;
         let fn_debug = kfn.getattr(intern!(py, "debug"))?;
@@ -273,29 +302,16 @@ impl Launcher {
             }
             sections.push(obj);
         }
-        let mut classify =
-            |section: &Bound<'_, PyAny>, attr: &Bound<'_, PyString>, read: usize| -> PyResult<()> {
-                let Some(kinds) = &self.watch else { return Ok(()) };
-                if why.is_some() {
-                    return Ok(());
-                }
-                let k = PyTuple::new(py, [section.get_type().into_any(), attr.clone().into_any()])?;
-                match kinds.bind(py).get_item(k)? {
-                    Some(kind) if kind.is(intern!(py, "plain")) => {}
-                    Some(kind) if kind.is(intern!(py, "env")) => env_read = true,
-                    _ => why = Some(Why::Knob(read)),
-                }
-                Ok(())
-            };
+        let mut seen = Seen { why, env: false };
         let runtime = &sections[0];
         let debug_name = intern!(py, "debug");
         let debug = runtime.getattr(debug_name)?;
-        classify(runtime, debug_name, 0)?;
+        self.classify(py, &mut seen, runtime, debug_name, 0)?;
         let mut stages_hook = false;
         if self.check_stages {
             let name = intern!(py, "add_stages_inspection_hook");
             stages_hook = !runtime.getattr(name)?.is_none();
-            classify(runtime, name, 1)?;
+            self.classify(py, &mut seen, runtime, name, 1)?;
         }
         let mut hooks = [None, None];
         for (slot, (name, read)) in hooks
@@ -303,29 +319,41 @@ impl Launcher {
             .zip([(intern!(py, "launch_enter_hook"), 2), (intern!(py, "launch_exit_hook"), 3)])
         {
             let obj = runtime.getattr(name)?;
-            classify(runtime, name, read)?;
+            self.classify(py, &mut seen, runtime, name, read)?;
             *slot = Some(self.hook(py, obj)?);
         }
-        let mut key = self.knob_key_start(py, &fn_debug, &debug);
-        for (i, (section, attr)) in self.knob_reads.iter().enumerate() {
-            let s = &sections[*section];
-            let v = s.getattr(attr.bind(py))?;
-            classify(s, attr.bind(py), 4 + i)?;
-            if let Ok(enc) = &mut key {
-                if let Err(e) = encode_into(&v, enc) {
-                    key = Err(unkeyable(py, &format!("the knob {}", attr.bind(py)), e));
+        // The knob state's key bytes, written through the thread-local encoder (no allocation).
+        let key = with_encoder(|enc| -> PyResult<Result<KnobBytes, Py<PyAny>>> {
+            let mut failed = None;
+            let mut put = |v: &Bound<'_, PyAny>, what: &dyn Fn() -> String| {
+                if failed.is_none() {
+                    if let Err(e) = encode_into(v, enc) {
+                        failed = Some(unkeyable(py, &what(), e));
+                    }
                 }
+            };
+            put(&fn_debug, &|| "fn.debug".to_owned());
+            put(&debug, &|| "knobs.runtime.debug".to_owned());
+            for (i, (section, attr)) in self.knob_reads.iter().enumerate() {
+                let s = &sections[*section];
+                let v = s.getattr(attr.bind(py))?;
+                self.classify(py, &mut seen, s, attr.bind(py), 4 + i)?;
+                put(&v, &|| format!("the knob {}", attr.bind(py)));
             }
-        }
-        if env_read && why.is_none() && environ.is_none() {
+            Ok(match failed {
+                Some(reason) => Err(reason),
+                None => Ok(KnobBytes::new(enc.as_bytes())),
+            })
+        })?;
+        let mut why = seen.why;
+        if seen.env && why.is_none() && environ.is_none() {
             why = Some(Why::Env);
         }
-        let key = key.map(Encoder::into_vec);
         let [enter, exit] = hooks.map(|h| h.expect("both hooks read"));
         Ok(State {
             version,
             why,
-            env: if env_read { environ } else { None },
+            env: if seen.env { environ } else { None },
             sections,
             pre_run_hooks,
             device_caches,
@@ -337,25 +365,33 @@ impl Launcher {
         })
     }
 
+    /// Notes how read `read` (`section.attr`) is watched: nothing to do once the state is known to be
+    /// read per call; else its kind (`Launcher::watch`), or why it is not watched.
+    #[inline]
+    fn classify(
+        &self,
+        py: Python<'_>,
+        seen: &mut Seen,
+        section: &Bound<'_, PyAny>,
+        attr: &Bound<'_, PyString>,
+        read: usize,
+    ) -> PyResult<()> {
+        let (Some(kinds), None) = (&self.watch, seen.why) else { return Ok(()) };
+        let k = PyTuple::new(py, [section.get_type().into_any(), attr.clone().into_any()])?;
+        match kinds.bind(py).get_item(k)? {
+            Some(kind) if kind.is(intern!(py, "plain")) => {}
+            Some(kind) if kind.is(intern!(py, "env")) => seen.env = true,
+            _ => seen.why = Some(Why::Knob(read)),
+        }
+        Ok(())
+    }
+
     fn hook<'py>(&self, py: Python<'py>, obj: Bound<'py, PyAny>) -> PyResult<Hook<Bound<'py, PyAny>>> {
         let calls = match &self.hook_chain {
             Some(t) if obj.get_type().is(t.bind(py)) => Some(obj.getattr(intern!(py, "calls"))?),
             _ => None,
         };
         Ok(Hook { obj, calls })
-    }
-
-    /// The key of the knob state so far (see `State::key`): `fn.debug`, `knobs.runtime.debug`.
-    fn knob_key_start(
-        &self,
-        py: Python<'_>,
-        fn_debug: &Bound<'_, PyAny>,
-        debug: &Bound<'_, PyAny>,
-    ) -> Result<Encoder, Py<PyAny>> {
-        let mut enc = Encoder::from_vec(Vec::with_capacity(16));
-        encode_into(fn_debug, &mut enc).map_err(|e| unkeyable(py, "fn.debug", e))?;
-        encode_into(debug, &mut enc).map_err(|e| unkeyable(py, "knobs.runtime.debug", e))?;
-        Ok(enc)
     }
 
     /// The name of knob read `i` as `State::why` numbers them.
