@@ -32,8 +32,8 @@ _DESCRIPTIONS = {
     "native_launcher": "Triton warm launch in one native call",
     "direct_launch": "Triton hit calls the compiled C launcher directly",
     "driver_launch": "Triton hit packs the parameters and calls cuLaunchKernelEx itself",
-    "watched_state": "Triton hit reuses the knob/kernel/hook state it read while watched writes show no change",
-    "native_current": "Triton hit reads the current device and stream through torch's C shim",
+    "watched_state": "Triton state (kernel attrs, knobs, hooks): watched, kept while unchanged (OFF: per-call reads)",
+    "native_current": "Triton hit reads the device and stream through torch's C shim (OFF: torch's Python getters)",
 }
 
 
