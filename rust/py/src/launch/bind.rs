@@ -281,15 +281,7 @@ impl Launcher {
                 b.opts.sort();
             }
         }
-        for (i, slot) in slots.iter_mut().enumerate().skip(nargs) {
-            if slot.is_null() {
-                match sig.default_of(i) {
-                    Some(d) => *slot = d.as_ptr(),
-                    None => return Err(format!("missing a required argument: '{}'", sig.param_names()[i])),
-                }
-            }
-        }
-        Ok(())
+        sig.fill_defaults(slots, nargs)
     }
 
     /// How `kw_names`, the items of the tuple `kwnames`, bind (see `KwPlan`): as `bind_params` binds
