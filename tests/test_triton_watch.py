@@ -539,3 +539,36 @@ def test_knob_and_kernel_writes_behave_as_before() -> None:
     assert os.environ.get(ENV_KEY) == "1"  # the env descriptor's setter still propagates to the environment
     del knobs.compilation.always_compile
     os.environ.pop(ENV_KEY, None)
+
+
+def test_a_triton_whose_knobs_cannot_be_watched_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unknown Triton (no HookChain, knob classes with their own __setattr__, no scope()) is reported, and
+    nothing is patched on it (it would then be read per call)."""
+    monkeypatch.delattr(knobs, "HookChain")
+    assert _watch._triton_problem() == "triton.knobs has no base_knobs or HookChain class"
+    monkeypatch.undo()
+
+    class OwnSetattr:
+        def __setattr__(self, name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+    assert "defines its own __setattr__" in str(_watch._patchable(OwnSetattr))
+    assert _watch._patchable(type("Plain", (), {})) is None
+    monkeypatch.delattr(knobs.base_knobs, "scope")  # put back when the test ends
+    assert _watch._triton_problem() == "triton.knobs.base_knobs has no scope()"
+
+
+def test_an_unknown_knob_attribute_kind_is_not_watched() -> None:
+    """Only plain values and Triton's own env descriptors are covered: a property or another descriptor is not."""
+
+    class WithProperty(knobs.runtime_knobs):
+        @property
+        def debug(self) -> bool:  # type: ignore[override]
+            return False
+
+    env_types = _watch._env_types()
+    assert _watch._kind(knobs.runtime_knobs, "debug", env_types) == "plain"
+    assert _watch._kind(knobs.runtime_knobs, "launch_enter_hook", env_types) == "plain"
+    assert _watch._kind(knobs.compilation_knobs, "always_compile", env_types) == "env"
+    assert _watch._kind(WithProperty, "debug", env_types) is None
+    assert _watch._kind(knobs.cache_knobs, "dir", env_types) is None  # env_str_callable_default: runs code
