@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check for jitkey's Triton binding: installs a prebuilt jitkey wheel, runs the cuda-marked GPU tests, the
-# CPU tests of the binding (they also run on a GPU host) and the launch-overhead benchmark.
+# CPU tests of the binding (they also run on a GPU host), the launch-overhead benchmark and the cold-path bench.
 #
 #   Build here (one abi3 wheel serves CPython >= 3.10):  .venv/bin/maturin build --release --out .whl
 #   Run there, from the repository root:                 bash scripts/gpu_check.sh
@@ -55,25 +55,29 @@ fi
 PYTEST_OPTS=(-p no:cacheprovider -ra -W default)  # one-shot run: report warnings, do not fail on them
 "$PY" -c "import pytest_benchmark" 2>/dev/null || PYTEST_OPTS+=(-o addopts="--strict-markers")
 
-log "step 1/5: GPU tests (pytest -m cuda tests benches)"
+log "step 1/6: GPU tests (pytest -m cuda tests benches)"
 "$PY" -m pytest -m cuda tests benches "${PYTEST_OPTS[@]}" -v --junitxml="$OUTDIR/gpu_tests.xml" \
   >"$OUTDIR/gpu_tests.log" 2>&1
 rc=$?; tail -n 25 "$OUTDIR/gpu_tests.log"; log "GPU tests exit $rc"; [[ $rc -eq 0 ]] || status=1
 
-log "step 2/5: CPU tests of the binding on this host (tests/test_triton_cpu.py)"
+log "step 2/6: CPU tests of the binding on this host (tests/test_triton_cpu.py)"
 "$PY" -m pytest tests/test_triton_cpu.py "${PYTEST_OPTS[@]}" -q --junitxml="$OUTDIR/cpu_tests.xml" \
   >"$OUTDIR/cpu_tests.log" 2>&1
 rc=$?; tail -n 5 "$OUTDIR/cpu_tests.log"; log "CPU tests exit $rc"; [[ $rc -eq 0 ]] || status=1
 
-log "step 3/5: launch benchmark (benches/gpu_launch.py)"
+log "step 3/6: launch benchmark (benches/gpu_launch.py)"
 "$PY" benches/gpu_launch.py --json "$OUTDIR/gpu_launch.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUTDIR/gpu_launch.txt"
 rc=${PIPESTATUS[0]}; log "benchmark exit $rc"; [[ $rc -eq 0 ]] || status=1
 
-log "step 4/5: the bench CLI, every section (python -m jitkey bench)"
+log "step 4/6: the bench CLI, every default section (python -m jitkey bench)"
 "$PY" -m jitkey bench ${CLI_ARGS:-} --json "$OUTDIR/bench.json" --plot "$OUTDIR/bench.png" 2>&1 | tee "$OUTDIR/bench.txt"
 rc=${PIPESTATUS[0]}; log "bench CLI exit $rc"; [[ $rc -eq 0 ]] || status=1
 
-log "step 5/5: the examples in GPU mode (shared_autotune.py, minimal_dsl.py, ninetoothed_scenario.py)"
+log "step 5/6: the cold path, plain Triton vs jitkey in fresh processes (python -m jitkey bench --only cold)"
+"$PY" -m jitkey bench --only cold ${COLD_ARGS:-} --json "$OUTDIR/bench_cold.json" 2>&1 | tee "$OUTDIR/bench_cold.txt"
+rc=${PIPESTATUS[0]}; log "cold bench exit $rc"; [[ $rc -eq 0 ]] || status=1
+
+log "step 6/6: the examples in GPU mode (shared_autotune.py, minimal_dsl.py, ninetoothed_scenario.py)"
 for ex in examples/shared_autotune.py examples/minimal_dsl.py examples/ninetoothed_scenario.py; do
   "$PY" "$ex" 2>&1 | tail -n 4 | tee -a "$OUTDIR/examples.txt"
   rc=${PIPESTATUS[0]}; log "$ex exit $rc"; [[ $rc -eq 0 ]] || status=1

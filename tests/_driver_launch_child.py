@@ -20,15 +20,17 @@ import triton
 from triton.backends.nvidia import driver as nv
 from triton.runtime import _allocation
 
-from jitkey.triton._installed import _KNOWN_LAUNCHER_CODE, launch_plan, launcher_code_digest
+from jitkey.triton._installed import _KNOWN_LAUNCHER_CODE, LazyLauncher36, launch_plan, launcher_code_digest
 
 lib = ctypes.CDLL("libcuda.so.1")  # the stand-in (LD_LIBRARY_PATH): the one both launchers load
 
 DIALECT = _KNOWN_LAUNCHER_CODE[launcher_code_digest()]
-if DIALECT == "3.9":  # CudaLauncher reads triton.runtime.driver.active (no GPU here: made active by hand)
-    from triton.runtime.driver import driver
+from triton.runtime.driver import driver  # noqa: E402
 
+if DIALECT == "3.9":  # CudaLauncher reads triton.runtime.driver.active (no GPU here: made active by hand)
     driver.set_active(nv.CudaDriver())
+else:  # LazyLauncher36 builds its launcher with driver.active.launcher_cls (no GPU here: no driver to find)
+    driver.set_active(types.SimpleNamespace(launcher_cls=nv.CudaLauncher))  # type: ignore[arg-type]
 
 SIZES = {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "u1": 1, "u8": 1, "u16": 2, "u32": 4, "u64": 8}
 SIZES |= {"fp16": 2, "bf16": 2, "fp32": 4, "f32": 4, "fp64": 8}
@@ -83,6 +85,16 @@ def plan_for(run: Any, sig: dict[str, Any], meta: tuple[int, int, int, bool, boo
     return launch_plan(ck, run, len(sig))
 
 
+def lazy_for(run: Any, sig: dict[str, Any], meta: tuple[int, int, int, bool, bool]) -> tuple[Any, Any]:
+    """Under 3.6: the ``LazyLauncher36`` jitkey's L2 puts in place of ``run`` (same source and metadata), and the
+    plan made from it."""
+    nw, nctas, smem, _, _ = meta
+    ck = types.SimpleNamespace(function=FUNCTION, packed_metadata=(nw, nctas, smem), src=run.jk_src)
+    ck.metadata = run.jk_md
+    lazy = LazyLauncher36(ck)
+    return lazy, launch_plan(ck, lazy, len(sig))[0]
+
+
 def runner(sig: dict[str, Any], meta: tuple[int, int, int, bool, bool], mode: str, **scratch: int) -> Any:
     _, nctas, _, coop, pdl = meta
     src = types.SimpleNamespace(
@@ -99,7 +111,7 @@ def runner(sig: dict[str, Any], meta: tuple[int, int, int, bool, bool], mode: st
         instrumentation_mode=mode,
     )
     run = nv.CudaLauncher(src, md)
-    run.jk_src = src
+    run.jk_src, run.jk_md = src, md
     return run
 
 
@@ -151,10 +163,23 @@ def compare(
     }
     # what the claimed calls did in both (outcome, driver calls) and the attribute ids they launched with
     stats["did"], stats["attrs"] = collections.Counter(), []
+    # Under 3.6, the lazy launcher of the L2: its plan claims exactly what the real launcher's plan claims, and
+    # calling it (what a declined hit does) launches as Triton's launcher does.
+    lazy, lazy_plan = lazy_for(run, sig, meta) if DIALECT == "3.6" else (None, None)
+    stats["lazy_same"], stats["lazy_mismatch"] = 0, []
     for case in cases:
         grid, args = case[0], case[1]
         claimed: list[bool] = []
         j = outcome(jitkey_call(plan, grid, args, claimed))
+        if lazy is not None:
+            lazy_claimed: list[bool] = []
+            lj = outcome(jitkey_call(lazy_plan, grid, args, lazy_claimed))
+            lt = outcome(triton_call(lazy, meta, grid, args)) if len(case) < 3 or case[2] else None
+            rt = outcome(triton_call(run, meta, grid, args)) if lt is not None else None
+            if (lj, lazy_claimed, lt) == (j, claimed, rt):
+                stats["lazy_same"] += 1
+            else:
+                stats["lazy_mismatch"].append({"grid": grid, "args": repr(args), "lazy": repr((lj, lt))})
         if claimed == [False]:
             stats["declined"] += 1
             if len(case) < 3 or case[2]:
@@ -302,6 +327,27 @@ def floats_case(rng: random.Random) -> tuple[dict[str, Any], list[Any]]:
     return sig, calls_
 
 
+class _FloatyInt(int):
+    """An int subclass with its own __float__: Triton's launcher calls it, so jitkey must not convert."""
+
+    def __float__(self) -> float:
+        return 0.5
+
+
+def big_int_floats_case() -> tuple[dict[str, Any], list[Any]]:
+    """Ints beyond 64 bits for float parameters: Triton's launcher converts them as float(x) does (and raises
+    past a double), so jitkey packs the same bytes or declines exactly where Triton raises (issue 24)."""
+    sig = {"b": "bf16", "c": "fp32", "d": "f32", "e": "fp64", "p": "*fp16"}
+    calls_ = []
+    for v in (2**64, 2**64 + 1, 2**70 + 12345, -(2**80) - 7, 3**100, 2**128, 2**1023, 2**1024 - 2**971):
+        calls_.append(((1, 1, 1), (1.0, v, v, v, None)))
+        calls_.append(((1, 1, 1), (v, 1.0, 1.0, 1.0, None)))
+    calls_.append(((1, 1, 1), (1.0, 2**1024, 1.0, 1.0, None)))  # too large for a double: Triton raises
+    calls_.append(((1, 1, 1), (1.0, 1.0, 1.0, -(2**2000), None)))
+    calls_.append(((1, 1, 1), (1.0, _FloatyInt(3), 1.0, 1.0, None)))  # an int subclass: Triton's to convert
+    return sig, calls_
+
+
 def tuples_case(rng: random.Random) -> tuple[dict[str, Any], list[Any]]:
     sig = {"t": ("*fp32", "i32", ("fp32", "constexpr")), "n": "i64", "C": "constexpr"}
     calls_: list[Any] = []
@@ -417,6 +463,8 @@ def main() -> None:
         out[name] = compare(sig, calls_, metas[name])
     sig, calls_ = wide_ints_case()
     out["wide_ints"] = compare(sig, calls_, (4, 1, 0, False, False))
+    sig, calls_ = big_int_floats_case()
+    out["big_int_floats"] = compare(sig, calls_, (4, 1, 0, False, False))
     # cluster of 16 (cuFuncSetAttribute first), PDL + cooperative + cluster attributes together
     sig = {"p": "*fp32", "n": "i32"}
     out["cluster16"] = compare(sig, [((2, 3, 1), (0x30000, 9))], (4, 16, 0, True, True))

@@ -3,6 +3,8 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -73,3 +75,47 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if expect:
         out.append(f"JITKEY_EXPECT_TRITON={expect} (checked by tests/test_triton_matrix.py)")
     return out
+
+
+# ---- the Redis tier's server (tests/test_remote*.py, tests/test_triton_remote_cache.py) -------------------
+
+
+def _redis_unavailable(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (required under CI=true: make test installs redis-server with apt)")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def server() -> Iterator[Any]:
+    """A throwaway ``redis-server`` on a free loopback port (``jitkey._redis_server.RedisServer``). Without a
+    server binary or the ``redis`` client the test skips with the reason; under ``CI=true`` it fails."""
+    from jitkey._redis_server import RedisServer, RedisServerError, find_redis_server
+
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        _redis_unavailable("the redis client is not installed (pip install 'jitkey[redis]')")
+    if find_redis_server() is None:
+        _redis_unavailable(
+            "no redis-server on PATH or in .redis-debs/ (Debian: apt-get install redis-server; make test "
+            "does it as root; or scripts/fetch_redis_server.sh)"
+        )
+    try:
+        srv = RedisServer().start()
+    except RedisServerError as exc:
+        _redis_unavailable(f"redis-server did not start: {exc}")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def raw(server: Any) -> Iterator[Any]:
+    """A plain redis-py client on the test server (to plant bad data and inspect keys)."""
+    import redis
+
+    client = redis.Redis.from_url(server.url)
+    yield client
+    client.close()

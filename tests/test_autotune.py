@@ -41,11 +41,15 @@ def index(tmp_path: Path) -> Iterator[jitkey.DiskIndex]:
 @pytest.fixture
 def fresh_env() -> Iterator[None]:
     """Clear env_key's per-process memo before and after a test that patches what it reads."""
+    from jitkey.triton import _installation
+
     jitkey.env._versions.cache_clear()
     jitkey.env._triton_key.cache_clear()
+    _installation.triton_key_digest.cache_clear()
     yield
     jitkey.env._versions.cache_clear()
     jitkey.env._triton_key.cache_clear()
+    _installation.triton_key_digest.cache_clear()
 
 
 def _tune(index: jitkey.DiskIndex, n: int = 1000, **kw: Any) -> tuple[Any, w.SimulatedGPU, int]:
@@ -393,8 +397,14 @@ def test_triton_compiler_hash_change_misses(
 ) -> None:
     import triton.runtime.cache
 
-    def change() -> None:
+    from jitkey.triton import _installation
+
+    def change() -> (
+        None
+    ):  # another installation of Triton: its files (fingerprint) and its triton_key() differ
         monkeypatch.setattr(triton.runtime.cache, "triton_key", lambda: "another-compiler-build")
+        monkeypatch.setattr(_installation, "fingerprint", lambda: b"another-installation".ljust(32))
+        _installation.triton_key_digest.cache_clear()
         jitkey.env._triton_key.cache_clear()
 
     _assert_retunes_after(index, change)

@@ -42,7 +42,7 @@ def test_quick_run_writes_valid_json_with_every_cpu_section(
     doc = json.loads(js.read_text())
     assert doc["schema"] == 1
     sections = {r["section"] for r in doc["results"]}
-    assert sections >= CPU_SECTIONS
+    assert sections >= CPU_SECTIONS and "cold" not in sections  # cold runs only when named
     for r in doc["results"]:
         assert r["median_ns"] > 0 and r["min_ns"] <= r["median_ns"] <= r["max_ns"]
         assert r["repeats"] >= 3 and r["number"] >= 1
@@ -154,6 +154,26 @@ def test_compare_rejects_a_file_that_is_not_a_bench_result(tmp_path: Path) -> No
     assert proc.returncode == 2 and "not a jitkey bench --json file" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    "doc",
+    [
+        '{"schema": 1, "results": [{"section": "key", "group": "g", "impl": "i", "median_ns": "fast"}]}',
+        '{"schema": 1, "results": [{"section": ["key"], "group": "g", "impl": "i", "median_ns": 1}]}',
+        '{"schema": 1, "results": [{"section": "key", "group": "g", "impl": "i", "median_ns": 1, "max_ns": null}]}',
+        '{"schema": 1, "results": [], "environment": ["not", "an", "object"]}',
+        '{"schema": 1, "results": [], "environment": {"fast_paths": {"tensor_fields": true}}}',
+    ],
+    ids=["median-str", "section-list", "max-null", "env-list", "fast-path-bool"],
+)
+def test_compare_checks_every_field_it_reads_before_the_run(tmp_path: Path, doc: str) -> None:
+    """A --compare file that would crash the comparison after the run is refused before it (issue 24)."""
+    bad = tmp_path / "old.json"
+    bad.write_text(doc)
+    proc = run_bench("--quick", "--only", "key", "--compare", str(bad))
+    assert proc.returncode == 2 and "--compare" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "[1/" not in proc.stderr
+
+
 def test_only_launch_without_a_gpu_is_an_error() -> None:
     if _has_gpu():
         pytest.skip("this machine has a GPU")
@@ -233,3 +253,31 @@ def test_gpu_bench_wide_kernels_and_goals(tmp_path: Path, capsys: pytest.Capture
     }
     assert res["goals"]["≥9x vs fn[grid] at 58 args"] is True
     assert res["goals"]["≤1.15x of the driver floor (all cases)"] is False  # that run was 1.38-1.65x
+
+
+def test_cold_section_runs_fresh_processes_and_is_only_run_when_named(tmp_path: Path) -> None:
+    """``--only cold``: decoration in fresh processes, plain Triton as the baseline (first launches need a GPU and
+    are skipped here with the reason); a plain ``jitkey bench`` never runs it."""
+    pytest.importorskip("triton")
+    js = tmp_path / "cold.json"
+    proc = run_bench("--only", "cold", "--quick", "--json", str(js))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(js.read_text())
+    rows = {(r["group"], r["impl"]): r for r in doc["results"]}
+    assert set(rows) >= {
+        ("decoration/150 kernels (import incl. one-time costs)", "triton.jit"),
+        ("decoration/150 kernels (import incl. one-time costs)", "jitkey.triton.jit"),
+        ("decoration/library of 700 kernels", "triton.jit"),
+        ("decoration/library of 700 kernels", "triton.jit + jitkey install()"),
+    }
+    for (_group, impl), r in rows.items():
+        assert r["section"] == "cold" and r["unit"] == "ms" and r["repeats"] == 2
+        assert r["baseline"] == (impl == "triton.jit")
+        assert 0 < r["min_ns"] <= r["median_ns"] <= r["max_ns"]
+    assert "ms" in proc.stdout and "== cold ==" in proc.stdout
+    if not _has_gpu():
+        from jitkey.bench._sections import gpu_unavailable_reason
+
+        assert [s["reason"] for s in doc["skipped"]] == [f"first launches: {gpu_unavailable_reason()}"]
+    else:
+        assert any(g.startswith("launch/") for g, _ in rows)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -162,3 +165,197 @@ def test_cache_dir_that_is_a_file_is_a_usage_error(tmp_path: Path) -> None:
     f.write_text("x")
     proc = jk("cache", "info", str(f))
     assert proc.returncode == 2 and "not a directory" in proc.stderr
+
+
+# ---- issue 24: verify reads one committed snapshot; every user error is one line and a status ----------
+
+_APPENDER = """
+import sys, jitkey
+ix = jitkey.DiskIndex(sys.argv[1])
+i = int(sys.argv[2]) * 10_000_000
+while True:
+    ix.put_many([(("live", i + j), b"v" * (40 + (i + j) % 900)) for j in range(8)])
+    i += 8
+    if i % 4096 == 0:
+        ix.compact()  # compactions too: a rename under the reader
+"""
+
+
+def test_verify_is_healthy_while_other_processes_append(tmp_path: Path) -> None:
+    """Two processes append (and compact) without pause; every verify in the meantime is ok, exit 0,
+    and no verdict ever advises a command that loses data."""
+    _index_with_entries(tmp_path, 50)
+    writers = [
+        subprocess.Popen([sys.executable, "-c", _APPENDER, str(tmp_path), str(w)], stderr=subprocess.DEVNULL)
+        for w in range(2)
+    ]
+    try:
+        runs = [jk("cache", "verify", "--json", str(tmp_path)) for _ in range(12)]
+        assert all(w.poll() is None for w in writers), "an appender died"
+    finally:
+        for w in writers:
+            w.kill()
+            w.wait()
+    verdicts = [(p.returncode, json.loads(p.stdout)) for p in runs]
+    assert [rc for rc, _ in verdicts] == [0] * 12, [d for rc, d in verdicts if rc]
+    for _, doc in verdicts:
+        assert doc["ok"] is True and doc["locked"] is True and doc["unvalidated_bytes"] == 0
+        assert "clear" not in doc["verdict"]
+
+
+def test_a_damaged_index_verdict_never_advises_clear(tmp_path: Path) -> None:
+    _index_with_entries(tmp_path, 20)
+    log = tmp_path / "index.v1.jki"
+    data = bytearray(log.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    log.write_bytes(bytes(data))
+    text = jk("cache", "verify", str(tmp_path))
+    assert text.returncode == 1 and "DAMAGED" in text.stdout
+    assert "clear" not in text.stdout and "compact" in text.stdout
+
+
+def test_verify_of_a_file_that_is_not_an_index_is_not_usable(tmp_path: Path) -> None:
+    (tmp_path / "index.v1.jki").write_bytes(b"something else entirely" * 10)
+    proc = jk("cache", "verify", "--json", str(tmp_path))
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1 and doc["ok"] is False and "not a jitkey index" in doc["problem"], proc.stdout
+    assert proc.stderr == "" or "Traceback" not in proc.stderr
+
+
+def _one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def _unprivileged(*args: str) -> list[str]:
+    """``python -m jitkey *args`` as an ordinary user (root reads everything): as is when not root, else
+    through ``setpriv`` as nobody (skips without it)."""
+    cmd = [sys.executable, "-m", "jitkey", *args]
+    if os.geteuid() != 0:
+        return cmd
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: cannot drop privileges to meet a permission error")
+    return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A directory the unprivileged child can use (pytest's tmp_path is private to its owner)."""
+    d = Path(tempfile.mkdtemp(prefix="jitkey-cli-"))
+    d.chmod(0o777)
+    try:
+        yield d
+    finally:
+        for p in d.rglob("*"):
+            with contextlib.suppress(OSError):
+                p.chmod(0o700)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("action", ["info", "verify", "compact", "clear"])
+def test_cache_on_an_unreadable_directory_is_one_line(action: str, shared_tmp: Path) -> None:
+    d = shared_tmp / "locked"
+    _index_with_entries(d, 3)
+    for p in (d, *d.iterdir()):
+        os.chown(p, 0, 0)
+    d.chmod(0o000)
+    proc = subprocess.run(
+        _unprivileged("cache", action, str(d)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, HOME=str(shared_tmp)),
+    )
+    line = _one_line_error(proc)
+    assert proc.returncode == 2 and "Permission denied" in line and str(d) in line, proc.stderr
+
+
+def test_info_with_an_unreadable_cache_directory_reports_it(shared_tmp: Path) -> None:
+    d = shared_tmp / "locked"
+    _index_with_entries(d, 3)
+    d.chmod(0o000)
+    proc = subprocess.run(
+        _unprivileged("info", "--json"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, JITKEY_CACHE_DIR=str(d), HOME=str(shared_tmp)),
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "Permission denied" in json.loads(proc.stdout)["disk_index"]["error"]
+
+
+@pytest.mark.parametrize("opt", ["--json", "--plot"])
+def test_bench_output_check_that_fails_is_one_usage_line(opt: str, shared_tmp: Path) -> None:
+    locked = shared_tmp / "locked"
+    locked.mkdir()
+    locked.chmod(0o000)
+    for path, why in (
+        (str(locked / "sub" / "out.x"), "Permission denied"),  # the check itself fails: unsearchable parent
+        ("x" * 5000 + ".json", "too long"),  # ENAMETOOLONG, even for root
+    ):
+        proc = subprocess.run(
+            _unprivileged("bench", "--quick", "--only", "key", opt, path),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, HOME=str(shared_tmp)),
+        )
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert why in proc.stderr and "[1/" not in proc.stderr, proc.stderr
+
+
+def test_an_output_that_fails_after_the_run_is_one_line(tmp_path: Path) -> None:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    proc = subprocess.run(
+        [sys.executable, "-m", "jitkey", "bench", "--quick", "--only", "key", "--json", "/dev/full"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "--json /dev/full: writing failed" in proc.stderr
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "jitkey", "info"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    line = _one_line_error(proc)
+    assert proc.returncode == 1 and "No space left on device" in line
+
+
+@pytest.mark.parametrize("args", [["info"], ["info", "--json"], ["--version"], ["cache", "info"], ["--help"]])
+def test_a_closed_stdout_is_quiet(args: list[str], tmp_path: Path) -> None:
+    """`jitkey info | head -0`: the reader is gone before anything is written (deterministically: the
+    pipe's read end is closed before the child starts)."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "jitkey", *args],
+            stdout=w,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, JITKEY_CACHE_DIR=str(tmp_path)),
+        )
+    finally:
+        os.close(w)
+    assert proc.stderr == "", proc.stderr
+    # argparse prints --help/--version itself and drops a write error; nothing is lost that was wanted
+    assert proc.returncode == 141 or (args[0].startswith("--") and proc.returncode == 0)
+
+
+@pytest.mark.parametrize("action", ["info", "verify", "compact", "clear"])
+def test_a_bad_disk_cache_setting_is_one_usage_line(action: str, tmp_path: Path) -> None:
+    _index_with_entries(tmp_path, 2)
+    proc = jk("cache", action, str(tmp_path), env=dict(os.environ, JITKEY_DISK_CACHE="bogus"))
+    line = _one_line_error(proc)
+    assert proc.returncode == 2 and "JITKEY_DISK_CACHE" in line, proc.stderr

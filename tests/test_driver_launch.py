@@ -97,6 +97,9 @@ def test_claimed_calls_are_byte_identical_to_triton(summary: dict, case: str) ->
     assert s["mismatch"] == [], s["mismatch"][:5]
     assert s["counts"]["launched"] >= s["same"] > 0
     v39 = summary["dialect"] == "3.9"
+    # Under 3.6, the L2's lazy launcher (the C launcher built at its first call) behaves as the launcher.
+    assert s["lazy_mismatch"] == [], s["lazy_mismatch"][:5]
+    assert s["lazy_same"] == (0 if v39 else s["same"] + s["declined"])
     if case == "ints":
         # every in-range call is claimed; the out-of-range ones (and the 2**31 grid) are declined. Triton 3.9
         # reads i1 as int32 and truncates ints that fit in a C long: there only the pointer and grid ones are.
@@ -114,6 +117,20 @@ def test_claimed_calls_are_byte_identical_to_triton(summary: dict, case: str) ->
         assert s["same"] >= 350 and s["declined"] >= 4, s
     if case == "tuples":
         assert s["same"] == 40 and s["declined"] == 2, s
+
+
+def test_ints_beyond_64_bits_for_float_parameters_are_packed_as_triton_converts_them(summary: dict) -> None:
+    """Triton's launcher reads a float parameter with PyFloat_AsDouble, which converts an int of any size;
+    jitkey packs the same bytes, and declines (Triton raises OverflowError) only past a double, or for an int
+    subclass whose __float__ Triton would call; each decline says what happened."""
+    s = summary["big_int_floats"]
+    assert s["mismatch"] == [], s["mismatch"][:5]
+    assert (s["same"], s["declined"]) == (16, 3), s
+    assert s["declined_triton"] == {"raised": 2, "launched": 1}, s
+    assert set(s["counts"]["declined"]) == {
+        "a float argument is NaN, or too large for its float type (or an int too large for a double)",
+        "a float argument is neither a float nor an exact int",
+    }, s["counts"]
 
 
 def test_ints_outside_their_type_are_read_as_triton_reads_them(summary: dict) -> None:

@@ -337,3 +337,15 @@ def test_functions_of_constants_and_metadata_queries_are_folded():
         got, ref = site.call(x, y), host(x, y)
         assert torch.equal(got[0], ref[0]) and got[1] == ref[1] and got[0].dtype == torch.float32
     assert site.stats()["replays"] == 2
+
+
+def test_aten_metadata_queries_are_folded_by_name():
+    def host(x):
+        dense = torch.ops.aten.is_non_overlapping_and_dense.default(x)
+        return x * 2 if dense else x * 3
+
+    site = make_site(host, ["x"])
+    for x in (torch.randn(4, 4), torch.randn(4, 8)[:, ::2]):
+        for _ in range(3):
+            assert torch.equal(site.call(x), host(x))
+    assert site.stats()["replays"] == 4 and site.stats()["refused"] == {}

@@ -1,4 +1,4 @@
-"""jitkey.encode / digest / fast_hash: the canonical key encoding (format v1)."""
+"""jitkey.encode / digest / fast_hash: the canonical key encoding (format v2)."""
 
 from __future__ import annotations
 
@@ -47,9 +47,9 @@ def _from_spec(s: dict[str, Any]) -> Any:
     if t == "device":
         return torch.device(s["type"], s["index"]) if s["index"] is not None else torch.device(s["type"])
     if t == "object":
-        module, _, qualname = s["type"].rpartition(".")
+        module, qualname = s["module"], s["qualname"]
         inner = _from_spec(s["v"])
-        cls = type(qualname, (), {"__jitkey__": lambda self: inner, "__module__": module})
+        cls = type(qualname.rpartition(".")[2], (), {"__jitkey__": lambda self: inner, "__module__": module})
         cls.__qualname__ = qualname
         return cls()
     raise AssertionError(t)

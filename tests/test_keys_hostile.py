@@ -49,11 +49,21 @@ def test_main_script_classes_and_module_classes_do_not_collide(tmp_path: Path) -
         mod_thing = sys.modules["x"].Thing()
         main_thing = x.Thing()
         assert jitkey.encode(mod_thing) != jitkey.encode(main_thing), "collision"
-        for v in (mod_thing, main_thing, Top(), Odd(), NonStr(), (main_thing, (Top(),))):
+        for v in (mod_thing, main_thing, Top(), Odd(), (main_thing, (Top(),))):
             assert jitkey.encode(v) == _reference.encode(v), (type(v), jitkey.encode(v), _reference.encode(v))
             assert jitkey.digest(v) == _reference.digest(v)
-        assert b"__main__.x.Thing" in jitkey.encode(main_thing)
-        assert b"__main__.Top" in jitkey.encode(Top())
+        # format v2: module and qualname are two u16-length-prefixed fields
+        assert b"\\x08\\x00__main__\\x07\\x00x.Thing" in jitkey.encode(main_thing)
+        assert b"\\x08\\x00__main__\\x03\\x00Top" in jitkey.encode(Top())
+        assert b"\\x08\\x00builtins\\x03\\x00Odd" in jitkey.encode(Odd())
+        # a non-str __module__ would have to be keyed through its str(): refused by both
+        for encode in (jitkey.encode, _reference.encode):
+            try:
+                encode(NonStr())
+            except jitkey.errors.UnsupportedKeyError as e:
+                assert "__module__" in str(e), e
+            else:
+                raise AssertionError("NonStr was keyed")
         print("OK")
         """
     )
@@ -149,3 +159,63 @@ def test_fake_dtypes_do_not_fill_the_signature_dtype_table() -> None:
     )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "OK", r.stderr[-3000:]
+
+
+# ---- format v2: a type is (module, qualname), never one dotted string (issue 24) ---------------------
+
+# Pairs of types that v1 keyed alike: one dotted name split two ways, and names PyO3's
+# fully_qualified_name() shortened (it drops __main__ and builtins).
+SPLIT_NAMES = [
+    (("pkg.sub", "K"), ("pkg", "sub.K")),
+    (("a.b.c", "D"), ("a", "b.c.D")),
+    (("__main__", "x.P"), ("x", "P")),
+    (("__main__", "P"), ("builtins", "P")),
+]
+
+
+def _jitkey_class(module: str, qualname: str) -> type:
+    cls = type(
+        qualname.rpartition(".")[2], (), {"__jitkey__": lambda self: ("same", 1), "__module__": module}
+    )
+    cls.__qualname__ = qualname
+    return cls
+
+
+def _namedtuple_class(module: str, qualname: str) -> type:
+    from collections import namedtuple
+
+    cls = namedtuple(qualname.rpartition(".")[2], "x y")
+    cls.__module__, cls.__qualname__ = module, qualname
+    return cls
+
+
+@pytest.mark.parametrize(("one", "two"), SPLIT_NAMES, ids=lambda t: ":".join(t))
+def test_types_named_alike_never_share_a_key(
+    one: tuple[str, str], two: tuple[str, str], tmp_path: Path
+) -> None:
+    a, b = _jitkey_class(*one)(), _jitkey_class(*two)()
+    assert jitkey.encode(a) != jitkey.encode(b) and jitkey.digest(a) != jitkey.digest(b)
+    assert jitkey.encode(a) == _reference.encode(a) and jitkey.encode(b) == _reference.encode(b)
+    cache = jitkey.LruCache(16)
+    cache[a] = "value of A"
+    assert b not in cache and cache.get(b) is None
+    with jitkey.DiskIndex(tmp_path / "ix") as ix:
+        ix.put(a, b"value of A")
+        assert ix.get(b) is None and ix.get(a) == b"value of A"
+
+
+@pytest.mark.parametrize(("one", "two"), SPLIT_NAMES, ids=lambda t: ":".join(t))
+def test_signature_names_named_tuples_as_encode_names_types(
+    one: tuple[str, str], two: tuple[str, str]
+) -> None:
+    from jitkey import MISS, Signature, rules
+
+    sig = Signature([("p", rules.by_type(int_=rules.int_("value"), tuples=True))])
+    a, b = _namedtuple_class(*one)(1, 2), _namedtuple_class(*two)(1, 2)
+    assert sig.digest((a,)) != sig.digest((b,))
+    cache = jitkey.LruCache(16)
+    assert sig.get_or_insert(cache, (a,), lambda: "A") == "A"
+    assert sig.lookup(cache, (b,)) is MISS
+    # the type component is exactly (type.__module__, type.__qualname__), as jitkey.encode writes it
+    _extra, (kind, type_part, *_items) = sig.flatten((a,))
+    assert kind == "namedtuple" and type_part == (one, ("x", "y"))

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import jitkey
-from jitkey._redis_server import RedisServer, RedisServerError, _free_port, find_redis_server
+from jitkey._redis_server import RedisServer, _free_port
 from jitkey.errors import (
     KeyLengthError,
     MissingDependencyError,
@@ -36,45 +36,6 @@ from jitkey.remote import RemoteIndex, TieredIndex
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _remote_workers as rw
-
-IN_CI = os.environ.get("CI") == "true"
-
-
-def _unavailable(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"{reason} (required under CI=true: make test installs redis-server with apt)")
-    pytest.skip(reason)
-
-
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    try:
-        import redis  # noqa: F401
-    except ImportError:
-        _unavailable("the redis client is not installed (pip install 'jitkey[redis]')")
-    if find_redis_server() is None:
-        _unavailable(
-            "no redis-server on PATH or in .redis-debs/ (Debian: apt-get install redis-server; make test "
-            "does it as root; or scripts/fetch_redis_server.sh)"
-        )
-    try:
-        srv = RedisServer().start()
-    except RedisServerError as exc:
-        _unavailable(f"redis-server did not start: {exc}")
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture
-def raw(server: RedisServer) -> Any:
-    """A plain redis-py client on the test server (to plant bad data and inspect keys)."""
-    import redis
-
-    client = redis.Redis.from_url(server.url)
-    yield client
-    client.close()
 
 
 def fast_remote(url: str, **kw: Any) -> RemoteIndex:
@@ -161,7 +122,8 @@ def test_caller_mistakes_raise_typed_errors(server: RedisServer) -> None:
         ({"url": "redis://h:6379", "namespace": ""}, "namespace"),
         ({"url": "redis://h:6379", "timeout": 0}, "timeout"),
         ({"url": "redis://h:6379", "backoff": -1}, "backoff"),
-        ({"url": "redis://h:6379", "max_value": 1 << 20}, "max_value"),
+        ({"url": "redis://h:6379", "max_value": (256 << 20) + 1}, "max_value"),
+        ({"url": "redis://h:6379", "max_value": 0}, "max_value"),
         ({"url": "redis://h:6379", "secret": b""}, "secret"),
     ],
 )

@@ -125,7 +125,8 @@ def test_stripped_kernel_round_trips_with_a_fresh_cache(name, protocol):
         assert set(ck.__getstate__()) == set(cp.__dict__), what
         assert ck.fn is None and ck._hash_lock is None
         assert ck.pre_run_hooks == cp.pre_run_hooks
-        assert ck._jk_cache is None and ck._jk_lock is not k._jk_lock  # a fresh jitkey part, made lazily
+        assert not any(n.startswith("_jk_") for n in vars(ck))  # a fresh jitkey part, made at first use
+        assert ck._jk_cache is None and not ck._jk_ready
         _restore(ck)
         assert ck.fast_path_problem is None
         assert ck.key_of(ARGS, device=0) == key
@@ -157,6 +158,8 @@ def test_shallow_copy_shares_tritons_state():
     cp, ck = copy.copy(p), copy.copy(k)
     for orig, cpy in ((p, cp), (k, ck)):
         assert cpy.device_caches is orig.device_caches and cpy.fn is orig.fn
+    assert not any(n.startswith("_jk_") for n in vars(ck))  # made at first use, not shared
+    assert ck.fast_path_problem == k.fast_path_problem
     assert ck._jk_lock is not k._jk_lock and ck._jk_stats is not k._jk_stats
 
 

@@ -43,6 +43,11 @@ def k_ann(a, n: tl.int32, f: tl.float32, g: tl.int64, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def k_launch_names(x, grid, warmup, BLOCK: tl.constexpr):
+    pass
+
+
+@triton.jit
 def k_global(a, n, BLOCK: tl.constexpr):
     tl.store(a + n, SCALE)
 
@@ -130,17 +135,21 @@ def _triton_key(name, args, kwargs):
     return compute_cache_key({}, spec, options)
 
 
-def _jitkey_key(kernel, args, kwargs, device=0):
-    return kernel.key_of(args, kwargs, device=device)
+def _jitkey_key(kernel, args, kwargs, device=0, persistent=False):
+    key = kernel.key_of(args, kwargs, device=device)
+    if persistent:  # the call's key as the disk index (the L2) stores it: every leaf stable across processes
+        return kernel._jk_key_launcher.key(tuple(args), dict(kwargs), device, persistent=True)
+    return key
 
 
-def assert_finer(kernel, name, calls):
-    """Equal jitkey keys must mean equal Triton keys (jitkey is never coarser than Triton)."""
+def assert_finer(kernel, name, calls, persistent=False):
+    """Equal jitkey keys must mean equal Triton keys (jitkey is never coarser than Triton), in memory and, with
+    ``persistent``, on disk."""
     seen: dict[bytes, tuple[str, tuple]] = {}
     for args, kwargs in calls:
         tk = _triton_key(name, args, kwargs)
         try:
-            jk = _jitkey_key(kernel, args, kwargs)
+            jk = _jitkey_key(kernel, args, kwargs, persistent=persistent)
         except (jt.Unkeyable, JitKeyError):
             continue  # jitkey refuses: the call goes through Triton's own path (a counted fallback)
         if jk in seen:
@@ -193,10 +202,12 @@ def test_key_finer_than_triton_binder(name, data):
     kernel = jt.bind(KERNELS[name])
     calls = _keyable(kernel, name, data.draw(_calls(name)))
     assert_finer(kernel, name, calls)
+    assert_finer(kernel, name, calls, persistent=True)
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["in memory", "persistent"])
 @pytest.mark.parametrize("name", list(KERNELS))
-def test_key_finer_exhaustive_pairs(name):
+def test_key_finer_exhaustive_pairs(name, persistent):
     """Every pair of a fixed grid of values in the first two non-constexpr slots (no sampling luck)."""
     kernel = jt.bind(KERNELS[name])
     values = [_BASES[torch.float32][o:] for o in (0, 1, 4)] + [_BASES[torch.float16][o:] for o in (0, 8)]
@@ -209,7 +220,8 @@ def test_key_finer_exhaustive_pairs(name):
         for b in values:
             calls.append(((a, b, *fill), {}))
     calls = _keyable(kernel, name, calls)
-    assert_finer(kernel, name, calls)
+    seen = assert_finer(kernel, name, calls, persistent=persistent)
+    assert len(seen) > 20  # the grid gives many distinct keys
 
 
 def test_checker_catches_a_coarse_keyer():
@@ -504,13 +516,12 @@ def test_triton_internals_detected():
 
 
 def test_unknown_triton_rule_disables_fast_path():
-    info = _installed.TritonInfo.__new__(_installed.TritonInfo)
-    info.version, info.knob_reads = "x", []
     src = 'kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug\nkwargs["new"] = f(x)\n'
-    assert "unknown rule" in info._scan_run(src)
-    info.knob_reads = []
+    problem, reads, _ = _installed._scan_run(src, "x")
+    assert problem is not None and "unknown rule" in problem and reads == []
     src = 'kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug\nknobs.runtime.fancy\n'
-    assert "knobs.runtime.fancy" in info._scan_run(src)
+    problem, _, _ = _installed._scan_run(src, "x")
+    assert problem is not None and "knobs.runtime.fancy" in problem
 
 
 # --- fallbacks -------------------------------------------------------------------------------------------
@@ -1029,3 +1040,64 @@ def test_hit_needs_tritons_own_entry(fake_runtime, fake_triton):
     kernel[(1,)](*args)
     assert len(state["calls"]) == 4
     assert kernel.cache_stats()["fallbacks"] == 0
+
+
+# --- issue 24: whatever Triton raises for a call, jitkey raises; reasons say what happened ----------------
+
+
+def _raised(call):
+    try:
+        call()
+    except Exception as exc:
+        return type(exc)
+    return None
+
+
+def test_kernel_params_named_like_launch_arguments_raise_what_triton_raises(fake_runtime, fake_triton):
+    """``grid``/``warmup`` passed by keyword are JITFunction.run's own: Triton raises TypeError, also when an
+    equal positional call made an entry (a hit must not launch it), and for a name built at run time."""
+    x = torch.empty(64)
+    for kw in ({"grid": 3}, {"warmup": 4}, {"grid": 3, "warmup": 4}, {"".join(["gr", "id"]): 3}):
+        args = {"grid": 3, "warmup": 4, **kw}
+        positional = [a for n, a in args.items() if n not in kw]
+        expected = _raised(
+            lambda kw=kw, positional=positional: k_launch_names[(1,)](x, *positional, **kw, BLOCK=8)
+        )
+        assert expected is TypeError  # plain Triton, no GPU needed: it fails binding the call
+        kernel = jt.bind(k_launch_names)
+        fake_triton(kernel)
+        ck = kernel[(1,)](x, 3, 4, BLOCK=8)  # positional: fine, and now an entry exists
+        launched = len(ck.launches)
+        assert kernel[(1,)](x, 3, 4, BLOCK=8) is ck and len(ck.launches) == launched + 1
+        got = _raised(lambda k=kernel, kw=kw, positional=positional: k[(1,)](x, *positional, **kw, BLOCK=8))
+        assert got is expected, (kw, got)
+        assert len(ck.launches) == launched + 1  # nothing more was launched
+        (reason,) = kernel.cache_stats()["fallback_reasons"]
+        assert "keyword argument of JITFunction.run" in reason
+
+
+def test_a_float_parameter_takes_an_int_beyond_64_bits_as_triton_does(fake_runtime, fake_triton):
+    """``f: tl.float32`` given 2**70: Triton's binder keys the annotation alone and its launcher converts the
+    int; jitkey keys and launches it too (no fallback with a reason that says Triton cannot pass it)."""
+    x = torch.empty(64)
+    triton_spec = _BINDERS["ann"](x, 5, 2**70, 7, 16)[1]
+    assert triton_spec[2] == ("fp32", None)
+    kernel = jt.bind(k_ann)
+    state = fake_triton(kernel)
+    assert kernel.key_of((x, 5, 2**70, 7, 16), device=0) == kernel.key_of((x, 5, 3**60, 7, 16), device=0)
+    ck = kernel[(1,)](x, 5, 2**70, 7, 16)
+    assert kernel[(1,)](x, 5, -(2**90), 7, 16) is ck and len(state["calls"]) == 1
+    assert ck.launches[-1][9:13] == (x, 5, -(2**90), 7)  # ck.run gets the int as given, as from Triton
+    assert kernel.cache_stats()["fallbacks"] == 0
+
+
+def test_an_int_triton_cannot_specialize_raises_what_triton_raises(fake_runtime, fake_triton):
+    """An unannotated int beyond [-2**63, 2**64): Triton's specialization raises OverflowError; jitkey's
+    fallback reason says so, and the call raises the same."""
+    x = torch.empty(64)
+    assert _raised(lambda: _BINDERS["full"](x, x, 2**64, 5, 1.0, True, 64)) is OverflowError
+    kernel = jt.bind(k_full)
+    fake_triton(kernel)
+    assert _raised(lambda: kernel[(1,)](x, x, 2**64, 5, 1.0, True, 64)) is OverflowError
+    (reason,) = kernel.cache_stats()["fallback_reasons"]
+    assert "OverflowError" in reason and "cannot pass" not in reason

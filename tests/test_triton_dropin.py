@@ -333,6 +333,7 @@ def test_pytest_plugin_installs_and_reports(tmp_path):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "jitkey fast-path report" in out.stdout and "kernels 1" in out.stdout
+    assert "misses served by the L2" in out.stdout
     import json
 
     rep = json.loads(report.read_text())
@@ -352,6 +353,10 @@ def test_report_merges_processes():
         "driver_launches": 7,
         "launcher_reasons": {"the stream is not an int": 1},
         "unplanned_variants": {},
+        "l2_hits": 1,
+        "l2_misses": 0,
+        "l2_recorded": 0,
+        "l2_skipped": {"a jit_cache_hook or jit_post_compile_hook is set": 2},
         "busiest": [{"kernel": "m:k", "launches": 10, "hits": 8, "misses": 1, "fallbacks": 1}],
     }
     b = {
@@ -369,6 +374,8 @@ def test_report_merges_processes():
     # b is a report of an older jitkey (no launch counts): it adds nothing to them
     assert m["driver_launches"] == 7 and m["launcher_reasons"] == {"the stream is not an int": 1}
     assert m["unplanned_variants"] == {}
+    assert (m["l2_hits"], m["l2_misses"], m["l2_recorded"]) == (1, 0, 0)  # b (older) has no L2 counts
+    assert m["l2_skipped"] == {"a jit_cache_hook or jit_post_compile_hook is set": 2}
     assert jitkey.triton.report()["kernels"] >= 1
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from jitkey import _log, errors, rules
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from jitkey import _core, _log, errors
 from jitkey._core import (
     DIGEST_DOMAIN,
     FORMAT_VERSION,
@@ -17,17 +20,51 @@ from jitkey._core import (
     encode,
     fast_hash,
 )
-from jitkey.env import DEFAULT_ENV_VARS, env_key
 from jitkey.errors import JitKeyError, UnsupportedKeyError
-from jitkey.fnkey import GlobalsGuard, function_key, function_key_tree
-from jitkey.remote import RemoteIndex, TieredIndex
+
+if TYPE_CHECKING:
+    from jitkey import rules
+    from jitkey.env import DEFAULT_ENV_VARS, env_key
+    from jitkey.fnkey import GlobalsGuard, function_key, function_key_tree
+    from jitkey.remote import RemoteIndex, TieredIndex
 
 logger = _log.logger
 """The ``jitkey`` logger (see :mod:`jitkey._log`: fast paths that switch off, fallbacks at DEBUG)."""
 
-from jitkey import _fastpaths  # noqa: E402
+# Imported at first use (PEP 562), so ``import jitkey`` (and ``import jitkey.triton``, which a kernel library
+# pays before its first decoration) loads only the native core: each of these modules costs milliseconds.
+_LAZY = {
+    "rules": ("jitkey.rules", None),
+    "DEFAULT_ENV_VARS": ("jitkey.env", "DEFAULT_ENV_VARS"),
+    "env_key": ("jitkey.env", "env_key"),
+    "GlobalsGuard": ("jitkey.fnkey", "GlobalsGuard"),
+    "function_key": ("jitkey.fnkey", "function_key"),
+    "function_key_tree": ("jitkey.fnkey", "function_key_tree"),
+    "RemoteIndex": ("jitkey.remote", "RemoteIndex"),
+    "TieredIndex": ("jitkey.remote", "TieredIndex"),
+}
 
-_fastpaths.report_import_time()
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'jitkey' has no attribute {name!r}") from None
+    value = importlib.import_module(module)
+    if attr is not None:
+        value = getattr(value, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if not _core._FAST_LAYOUT:  # say once why the CPython layout reads are off (jitkey._fastpaths)
+    from jitkey import _fastpaths
+
+    _fastpaths.report_import_time()
 
 
 def install() -> dict[str, str | None]:

@@ -250,6 +250,16 @@ class DiskIndex:
     def default_directory(cls) -> pathlib.Path | None:
         """The directory used when ``path`` is ``None`` (from the environment)."""
 
+def _verify_index(path: str | os.PathLike[str], lock_wait: float = 10.0) -> dict[str, Any]:
+    """``jitkey cache verify``'s check: every record of the log in ``path`` as committed when the call
+    starts (its length read under the writers' lock, shared, waiting at most ``lock_wait`` seconds; the
+    bytes below it from the same descriptor), so appends and compactions by other processes meanwhile are
+    not seen. Creates and writes nothing.
+
+    Returns ``path``, ``locked``, ``snapshot_bytes``, ``valid_bytes``, ``unvalidated_bytes``, ``records``,
+    ``entries``, ``live_bytes``, ``generation``; or ``path`` and ``problem`` when the file is not a usable
+    index. Raises ``FileNotFoundError`` when there is none, ``OSError`` when it cannot be read."""
+
 def _after_fork_in_child() -> None:
     """Registered with ``os.register_at_fork(after_in_child=...)`` at import: frees a forked child
     from the locks of every live :class:`DiskIndex` that another thread of the parent held at the
@@ -426,15 +436,17 @@ class _TritonLauncher:
     Binds the call, reads the current device and the knobs, keys the call (``sig``'s rules, after the
     device, knob values and sorted launch options), probes ``cache``; a hit checks the globals, resolves
     the grid, reads the stream and the launch hooks and launches. A miss calls the kernel's
-    ``_jk_miss(grid, args, kwargs) -> (result, _TritonEntry | None)`` and stores the entry; anything else
+    ``_jk_miss(grid, args, kwargs) -> (result, _TritonEntry | None)`` and stores the entry (``(MISS, entry)``:
+    the kernel was found without a launch, from jitkey's disk index, and is launched as a hit); anything else
     calls its ``_jk_native_fallback(reason, grid, args, kwargs)``; its ``_jk_check_globals()`` checks the
     globals. ``info`` is the ``TritonInfo`` (``knobs``, ``knob_reads``, ``checks_stages_hook``,
-    ``HookChain``); ``runtime`` has ``get_device()`` and ``get_stream(device)``, and optionally ``native``: a
-    :class:`_TorchCurrent` proven equal to them (or None); ``npos`` parameters may be passed positionally.
-    ``watch`` has ``problem`` (why what the launch reads from Triton's objects is read on every call, or
-    None) and ``kinds`` (``{(knob class, attribute): "plain" | "env"}``: the knob reads the watch covers);
-    watched, that state is read once and kept while :func:`_watch_bump` is not called, the knob objects are
-    still the ``triton.knobs`` module's and (for an env knob) the C environment is unchanged.
+    ``HookChain``, ``run_keywords``: a keyword argument named like one of ``JITFunction.run``'s own goes to
+    Triton's path, which raises or consumes it); ``runtime`` has ``get_device()`` and ``get_stream(device)``,
+    and optionally ``native``: a :class:`_TorchCurrent` proven equal to them (or None); ``npos`` parameters
+    may be passed positionally. ``watch`` has ``problem`` (why what the launch reads from Triton's objects is
+    read on every call, or None) and ``kinds`` (``{(knob class, attribute): "plain" | "env"}``: the knob reads
+    the watch covers); watched, that state is read once and kept while :func:`_watch_bump` is not called, the
+    knob objects are still the ``triton.knobs`` module's and (for an env knob) the C environment is unchanged.
     """
 
     def __new__(
@@ -451,8 +463,17 @@ class _TritonLauncher:
     @property
     def launch(self) -> Callable[..., Any]:
         """``launch(grid, /, *args, **kwargs)``: a builtin bound to this launcher (vectorcall)."""
-    def key(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None, device: int, /) -> bytes:
-        """The key ``launch`` would use for this call on ``device`` (no lookup, no launch)."""
+    def key(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        device: int,
+        /,
+        *,
+        persistent: bool = False,
+    ) -> bytes:
+        """The key ``launch`` would use for this call on ``device`` (no lookup, no launch); ``persistent``: the
+        same key with every leaf as :func:`encode` writes it (stable across processes, for a disk index)."""
     @property
     def cache(self) -> LruCache:
         """The cache the launcher stores its entries in."""

@@ -34,6 +34,7 @@ _DESCRIPTIONS = {
     "driver_launch": "Triton hit packs the parameters and calls cuLaunchKernelEx itself",
     "watched_state": "Triton state (kernel attrs, knobs, hooks): watched, kept while unchanged (OFF: per-call reads)",
     "native_current": "Triton hit reads the device and stream through torch's C shim (OFF: torch's Python getters)",
+    "l2": "a fresh process loads kernels compiled earlier from jitkey's disk index (no Triton compile path)",
 }
 
 
@@ -113,6 +114,7 @@ def triton_paths() -> dict[str, FastPath]:
         "driver_launch",
         "watched_state",
         "native_current",
+        "l2",
     )
     for name in (*known, *sorted(set(facts) - set(known))):
         if name == "binding" and name not in facts and why is None:

@@ -5,6 +5,7 @@ The same facts head the bench's table and JSON, so two bench results can be told
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
@@ -26,8 +27,11 @@ ENV_VARS: dict[str, str] = {
     "JITKEY_DRIVER_LAUNCH": "0 makes warm hits call Triton's launcher instead of cuLaunchKernelEx from jitkey",
     "JITKEY_WATCH": "0 makes warm hits read Triton's state (kernel attributes, knobs, hooks) on every call",
     "JITKEY_NATIVE_CURRENT": "0 makes warm hits read the device and stream through torch's Python getters",
+    "JITKEY_TRITON_L2": "1 turns the L2 on (off by default): a miss loads a kernel an earlier process compiled from the disk index",
     "JITKEY_LOG": "debug | info | warning | error: attach a stderr handler at that level to the jitkey logger",
 }
+# (The Redis tier's JITKEY_REMOTE_* variables are documented in jitkey.remote and
+# jitkey.triton.remote_cache, and in the README's Redis section.)
 INDEX_FILE = "index.v1.jki"
 
 
@@ -75,9 +79,15 @@ def disk_index(
     d = Path(directory) if directory is not None else jitkey.DiskIndex.default_directory()
     out: dict[str, Any] = {
         "directory": None if d is None else str(d),
-        "exists": bool(d is not None and (d / INDEX_FILE).exists()),
+        "exists": False,
         "forced_mode": os.environ.get("JITKEY_DISK_CACHE") or None,
     }
+    if d is not None:
+        try:
+            out["exists"] = (d / INDEX_FILE).exists()
+        except OSError as e:  # an unsearchable directory: a fact to report, not a crash
+            out["error"] = f"{type(e).__name__}: {e.strerror or e}: {d}"
+            return out
     if d is None or not out["exists"] or not open_existing:
         return out
     with warnings.catch_warnings(record=True) as caught:
@@ -97,12 +107,33 @@ def disk_index(
     return out
 
 
+def _shown(name: str, value: str) -> str:
+    """An environment variable's value as ``jitkey info`` shows it: secrets replaced by ``***``
+    (``JITKEY_REMOTE_SECRET``, a URL's password)."""
+    from jitkey.remote import _redact
+
+    if any(word in name for word in ("SECRET", "PASSWORD", "TOKEN")):
+        return "***"
+    return _redact(value) if "://" in value else value
+
+
+def _no_index_created() -> contextlib.AbstractContextManager[None]:
+    """Reading the Triton binding's facts stores nothing in a disk index that does not exist yet."""
+    if importlib.util.find_spec("triton") is None:
+        return contextlib.nullcontext()
+    try:
+        from jitkey.triton import _installation
+    except ImportError:  # a Triton jitkey.triton cannot import: fast_paths() reports it
+        return contextlib.nullcontext()
+    return _installation.passive()
+
+
 def collect(*, decide: bool = True) -> dict[str, Any]:
     """Everything ``jitkey info`` reports, as plain JSON-able data.
 
     ``decide``: settle the lazily decided fast paths (imports torch, and triton for its facts).
     """
-    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("JITKEY_")}
+    env = {k: _shown(k, v) for k, v in sorted(os.environ.items()) if k.startswith("JITKEY_")}
     gil = getattr(sys, "_is_gil_enabled", lambda: True)()
     info: dict[str, Any] = {
         "jitkey": jitkey.__version__,
@@ -118,11 +149,23 @@ def collect(*, decide: bool = True) -> dict[str, Any]:
         "triton": _version("triton"),
     }
     info.update(_gpu() if decide else {"cuda": None, "gpu": None, "gpu_capability": None})
-    info["fast_paths"] = _fastpaths.fast_paths(decide=decide, triton=decide)
+    with _no_index_created() if decide else contextlib.nullcontext():
+        info["fast_paths"] = _fastpaths.fast_paths(decide=decide, triton=decide)
     info["integrations"] = _integrations()
     info["disk_index"] = disk_index()
+    info["remote_compile_cache"] = _remote_compile_cache() if decide and info["triton"] else None
     info["env"] = env
     return info
+
+
+def _remote_compile_cache() -> dict[str, Any]:
+    """Whether Triton's compiles would use the Redis tier (``jitkey.triton.remote_cache.state``)."""
+    try:
+        from jitkey.triton import remote_cache
+
+        return remote_cache.state()
+    except Exception as e:  # a broken Triton install is a fact to report, not a crash
+        return {"on": None, "why": f"{type(e).__name__}: {e}"}
 
 
 def _integrations() -> dict[str, Any]:
@@ -184,6 +227,14 @@ def format_info(info: dict[str, Any]) -> str:
         lines.append(f"  entries     {di.get('entries', '?')} · {di.get('file_bytes', '?')} bytes on disk")
         if di.get("damaged_records"):
             lines.append(f"  damaged     {di['damaged_records']} records skipped (run: jitkey cache verify)")
+    rc = info.get("remote_compile_cache")
+    if rc is not None:
+        lines += ["", "remote compile cache (Triton's compiled kernels on the Redis tier):"]
+        state = _onoff(rc) + (" (HMAC)" if rc.get("hmac") and rc["on"] else "")
+        lines.append(f"  state       {state}" + (f" -> {rc['why']}" if rc.get("why") else ""))
+        if rc["on"]:
+            how = "Triton's cache manager" if rc.get("wired") else "once jitkey.triton.install() runs"
+            lines.append(f"  wired       {how}; namespace {rc.get('namespace')}")
     lines += ["", "environment:"]
     if info["env"]:
         lines += [f"  {k}={v}" for k, v in info["env"].items()]

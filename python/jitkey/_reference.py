@@ -1,4 +1,4 @@
-"""A pure-Python reference of the canonical key encoding (format v1).
+"""A pure-Python reference of the canonical key encoding (format v2).
 
 It is the oracle the tests compare the Rust encoder against, and a readable statement of the
 format (the table is in ``rust/core/src/key.rs``). Not used on any hot path.
@@ -14,8 +14,8 @@ from typing import Any
 
 from jitkey.errors import KeyDepthError, UnsupportedKeyError
 
-FORMAT_VERSION = 1
-DIGEST_DOMAIN = b"jitkey/key/v1\x00"
+FORMAT_VERSION = 2
+DIGEST_DOMAIN = b"jitkey/key/v2\x00"
 MAX_DEPTH = 64
 
 T_NONE, T_FALSE, T_TRUE, T_INT, T_BIGINT, T_FLOAT = 0, 1, 2, 3, 4, 5
@@ -24,10 +24,25 @@ CANONICAL_NAN = 0x7FF8000000000000
 
 
 def _type_name(tp: type) -> str:
+    """How an error message names a type (never part of a key)."""
     module = tp.__module__
     if module in ("builtins", "__builtin__"):
         return tp.__qualname__
     return f"{module}.{tp.__qualname__}"
+
+
+def type_identity(tp: type) -> tuple[str, str]:
+    """A type's identity in keys: ``(__module__, __qualname__)``, two fields (format v2), both exact str."""
+    module, qualname = getattr(tp, "__module__", None), getattr(tp, "__qualname__", None)
+    if type(module) is not str or type(qualname) is not str:
+        raise UnsupportedKeyError("a type's __module__ and __qualname__ must be str to key it")
+    return module, qualname
+
+
+def object_header(module: str, qualname: str) -> bytes:
+    """The ``0x0B`` header of a ``__jitkey__`` object: module and qualname, each u16 length-prefixed."""
+    m, q = module.encode("utf-8"), qualname.encode("utf-8")
+    return bytes([T_OBJECT]) + struct.pack("<H", len(m)) + m + struct.pack("<H", len(q)) + q
 
 
 def _is_torch(value: Any, name: str) -> bool:
@@ -86,10 +101,7 @@ def encode(value: Any, _depth: int = 0) -> bytes:
     if hasattr(tp, "__jitkey__"):
         if _depth >= MAX_DEPTH:
             raise KeyDepthError(f"key is nested deeper than the limit of {MAX_DEPTH} levels")
-        name = _type_name(tp).encode("utf-8")
-        return (
-            bytes([T_OBJECT]) + struct.pack("<H", len(name)) + name + encode(value.__jitkey__(), _depth + 1)
-        )
+        return object_header(*type_identity(tp)) + encode(value.__jitkey__(), _depth + 1)
     raise UnsupportedKeyError(f"cannot key a value of type {_type_name(tp)!r}")
 
 

@@ -107,6 +107,7 @@ _COVERED = frozenset(
         "is_cuda", "is_cpu", "is_meta", "is_xpu", "is_mps", "get_device", "is_contiguous",
         "is_floating_point", "is_complex", "is_signed", "element_size", "itemsize", "nbytes", "layout",
         "is_sparse", "is_quantized", "__len__", "result_type", "is_tensor", "can_cast", "promote_types",
+        "is_non_overlapping_and_dense", "is_same_size", "dim_order",
     }
 )  # fmt: skip
 #: Metadata of tensors the call made itself, fixed by the key too.
@@ -136,9 +137,13 @@ _DATA_SHAPED = frozenset(
 
 
 def _func_name(func: Any) -> str:
-    if type(func).__name__ == "method-wrapper":  # a property getter: the descriptor names it
+    kind = type(func).__name__
+    if kind == "method-wrapper":  # a property getter: the descriptor names it
         return str(getattr(getattr(func, "__self__", None), "__name__", "?"))
-    return str(getattr(func, "__name__", "?"))
+    name = str(getattr(func, "__name__", "?"))
+    if kind in ("OpOverload", "OpOverloadPacket"):  # torch.ops.aten.<name>[.<overload>]
+        return name.split(".", 1)[0]
+    return name
 
 
 def _has_tensor(obj: Any) -> bool:

@@ -80,12 +80,24 @@ def _versions() -> tuple[tuple[str, str | None], ...]:
 
 @functools.lru_cache(maxsize=1)
 def _triton_key() -> str | None:
-    """``triton.runtime.cache.triton_key()``: a hash of Triton's compiler, backends and libtriton.
+    """``triton.runtime.cache.triton_key()``: a hash of Triton's compiler, backends and libtriton, folded to 32
+    bytes (hex); None without Triton.
 
-    It reads and hashes every compiler file (about a second); Triton caches it per process too.
+    Triton reads and hashes every compiler file for it (about a second) once per process; here it is computed
+    once per installation: ``jitkey.triton`` keeps it in its disk index under the fingerprint of the installed
+    files (path, size, mtime), and a process reads it back.
     """
     if importlib.util.find_spec("triton") is None:
         return None
+    try:
+        from jitkey.triton._installation import triton_key_digest
+    except ImportError:  # a Triton jitkey.triton cannot bind: computed here, every process
+        return compute_triton_key()
+    return triton_key_digest()
+
+
+def compute_triton_key() -> str | None:
+    """:func:`_triton_key` computed now (what ``jitkey.triton`` stores per installation)."""
     try:
         from triton.runtime.cache import triton_key  # type: ignore[import-untyped,unused-ignore]
     except ImportError:

@@ -3,18 +3,27 @@
 ``pytest -p jitkey.pytest_plugin`` calls :func:`jitkey.triton.install` before collection (so every kernel the
 tests' modules decorate with ``triton.jit`` is a :class:`jitkey.triton.TritonKernel`; Triton's own library
 kernels stay Triton's) and prints, at the end, what the kernels' launches did: kernels, launches, hits,
-misses, fallbacks by reason and the busiest kernels. With pytest-xdist the workers' numbers are summed.
+misses, fallbacks by reason, the misses the L2 served (kernels an earlier process compiled, loaded from jitkey's
+disk index) and the busiest kernels. With pytest-xdist the workers' numbers are summed.
 
 Options: ``--jitkey-top N`` (busiest kernels shown, default 10), ``--jitkey-report-json PATH`` (the report
 as JSON), ``--jitkey-off`` (load the plugin but leave Triton alone: a plain run with the same command line),
 ``--jitkey-integrations`` (also install every DSL integration whose library is installed and supported,
 :func:`jitkey.integrations.install_available`; the report then covers the DSL layer too: calls, plan replays,
 bound calls, misses, fallbacks and refused recordings by reason).
+
+The plugin never changes a run's outcome: a failure of its own (Triton missing, the report's JSON file not
+writable, a worker's report unreadable) is printed as a ``jitkey plugin warning:`` line in the terminal
+summary (on stderr when it happens after it), and the run's exit status is the tests' alone. These are not
+Python warnings, so ``-W error`` cannot turn them into failures.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,9 +31,21 @@ import pytest
 _KEY = "jitkey_report"
 
 
+def _non_negative(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a count >= 0, got {text!r}")
+    return n
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("jitkey", "jitkey: route triton.jit kernels through jitkey")
-    group.addoption("--jitkey-top", type=int, default=10, help="busiest kernels shown in the report")
+    group.addoption(
+        "--jitkey-top", type=_non_negative, default=10, help="busiest kernels shown in the report"
+    )
     group.addoption("--jitkey-report-json", default=None, help="write the fast-path report to this file")
     group.addoption("--jitkey-off", action="store_true", help="do not route triton.jit through jitkey")
     group.addoption(
@@ -34,35 +55,58 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _problems(config: pytest.Config) -> list[str]:
+    problems: list[str] = getattr(config, "_jitkey_problems", None) or []
+    config._jitkey_problems = problems  # type: ignore[attr-defined]
+    return problems
+
+
+def _guard(config: pytest.Config, what: str, fn: Callable[[], Any]) -> Any:
+    """Runs one step of the plugin; an exception becomes a warning line (returns ``None``), never the run's."""
+    try:
+        return fn()
+    except Exception as e:
+        _problems(config).append(f"{what}: {type(e).__name__}: {e}")
+        return None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config._jitkey_reports = []  # type: ignore[attr-defined]
+    _problems(config)
     if config.getoption("--jitkey-off"):
         return
-    import jitkey.triton
 
-    jitkey.triton.install()
+    def install() -> None:
+        import jitkey.triton
+
+        jitkey.triton.install()
+
+    _guard(config, "not routing triton.jit through jitkey", install)
     if config.getoption("--jitkey-integrations"):
-        import jitkey.integrations
 
-        config._jitkey_integrations = jitkey.integrations.install_available()  # type: ignore[attr-defined]
+        def integrations() -> None:
+            import jitkey.integrations
+
+            config._jitkey_integrations = jitkey.integrations.install_available()  # type: ignore[attr-defined]
+
+        _guard(config, "not installing the DSL integrations", integrations)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    import sys
+    try:
+        if "jitkey.integrations" in sys.modules:
+            import jitkey.integrations
 
-    if "jitkey.integrations" in sys.modules:
-        import jitkey.integrations
+            jitkey.integrations.uninstall_all()
+        if "jitkey.triton" in sys.modules:
+            import jitkey.triton
 
-        jitkey.integrations.uninstall_all()
-    if "jitkey.triton" in sys.modules:
-        import jitkey.triton
-
-        jitkey.triton.uninstall()
+            jitkey.triton.uninstall()
+    except Exception as e:  # after the summary: stderr is all that is left
+        sys.stderr.write(f"jitkey plugin warning: uninstalling: {type(e).__name__}: {e}\n")
 
 
 def _local_report(config: pytest.Config) -> dict[str, Any] | None:
-    import sys
-
     if "jitkey.triton" not in sys.modules:
         return None
     import jitkey.triton
@@ -79,21 +123,44 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     workeroutput = getattr(config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: hand the numbers to the controller
-        rep = _local_report(config)
-        if rep is not None:
-            workeroutput[_KEY] = json.dumps(rep)
+
+        def hand_over() -> None:
+            rep = _local_report(config)
+            if rep is not None:
+                workeroutput[_KEY] = json.dumps(rep)
+
+        _guard(config, "collecting this worker's report", hand_over)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
-    raw = getattr(node, "workeroutput", {}).get(_KEY)
-    if raw:
-        node.config._jitkey_reports.append(json.loads(raw))
+    config = node.config
+
+    def collect() -> None:
+        raw = getattr(node, "workeroutput", {}).get(_KEY)
+        if raw:
+            config._jitkey_reports.append(json.loads(raw))
+
+    _guard(config, "reading a worker's report", collect)
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    if config.getoption("--jitkey-off") or getattr(config, "workeroutput", None) is not None:
+    if getattr(config, "workeroutput", None) is not None:
         return
+    tr = terminalreporter
+    rep = None
+    if not config.getoption("--jitkey-off"):
+        rep = _guard(config, "building the report", lambda: _report(config))
+    path = config.getoption("--jitkey-report-json")
+    if rep is not None and path:
+        _guard(config, f"writing --jitkey-report-json {path}", lambda: _write_json(path, rep))
+    if rep is not None:
+        _guard(config, "printing the report", lambda: _print(tr, rep))
+    for msg in _problems(config):
+        tr.write_line(f"jitkey plugin warning: {msg}", yellow=True)
+
+
+def _report(config: pytest.Config) -> dict[str, Any]:
     reports = list(config._jitkey_reports)  # type: ignore[attr-defined]
     local = _local_report(config)
     if local is not None and local["kernels"]:
@@ -101,17 +168,21 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     import jitkey.triton
 
     top = config.getoption("--jitkey-top")
-    rep = jitkey.triton.merge_reports(reports, top)
+    merged: dict[str, Any] = jitkey.triton.merge_reports(reports, top)
     dsl_reports = [r["dsl"] for r in reports if r.get("dsl")]
     if dsl_reports:
         import jitkey.dsl
 
-        rep["dsl"] = jitkey.dsl.merge_reports(dsl_reports, top)
-    path = config.getoption("--jitkey-report-json")
-    if path:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(rep, f, indent=1)
-    tr = terminalreporter
+        merged["dsl"] = jitkey.dsl.merge_reports(dsl_reports, top)
+    return merged
+
+
+def _write_json(path: str, rep: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(rep, f, indent=1)
+
+
+def _print(tr: Any, rep: dict[str, Any]) -> None:
     tr.write_sep("=", "jitkey fast-path report")
     share = rep["warm_fast_path"]
     tr.write_line(
@@ -128,6 +199,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         tr.write_line(f"  declined {n:>7} hits  {why}")
     for why, n in list(rep["unplanned_variants"].items())[:20]:
         tr.write_line(f"  no launch plan {n:>5} compiled variants  {why}")
+    tr.write_line(
+        f"misses served by the L2 (kernels compiled by an earlier process, from jitkey's disk index): "
+        f"{rep['l2_hits']}; not in it: {rep['l2_misses']} ({rep['l2_recorded']} recorded for later processes)"
+    )
+    for why, n in list(rep["l2_skipped"].items())[:20]:
+        tr.write_line(f"  L2 not used {n:>6} misses  {why}")
     for why, n in rep["kept"].items():
         tr.write_line(f"  kept by Triton {n:>5} kernels  {why}")
     for b in rep["busiest"]:

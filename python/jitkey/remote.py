@@ -12,13 +12,18 @@ hit is copied into the local index; a put goes to both. A local hit never touche
 or, with no code change, ``JITKEY_REMOTE_CACHE=redis://cache-host:6379/0`` makes :func:`default_index`
 (the index ``jitkey.triton.autotune`` uses by default) a ``TieredIndex`` over the default ``DiskIndex``.
 
-**The remote never makes a call fail or hang.** Connecting and every operation have small timeouts
-(``connect_timeout``, ``timeout``; redis-py's own retries are off). A connection error, timeout or server
-error turns the call into a miss (a put into a no-op), starts a back-off (``backoff`` seconds, doubling per
-consecutive failure up to ``backoff_max``) during which the remote is skipped, and emits one
-:class:`jitkey.errors.RemoteCacheWarning` per cause. ``stats()`` counts ``hits``, ``misses``, ``rejects``
-(values that failed verification), ``errors``, ``timeouts``, ``skipped`` (calls made during a back-off),
-``puts`` and ``put_failures``.
+**The remote never makes a call fail or hang.** jitkey speaks the protocol itself (``jitkey._resp``): every
+operation has one deadline for all of it, ``timeout`` (plus ``connect_timeout`` when it opens a connection),
+however the server answers (not at all, a byte at a time, one reply of a pipeline); a reply's size is
+checked before it is buffered (a bulk reply longer than the value bound, or an aggregate where a bulk string
+is due, is refused unread) and its type is checked against the one its command may get (``SET`` must say
+``+OK``). A connection error, timeout, malformed reply or server error, or any other exception on the wire,
+turns the call into a miss (a put into a no-op), drops the connection, starts a back-off (``backoff``
+seconds, doubling per consecutive failure up to ``backoff_max``) during which the remote is skipped, and
+emits one :class:`jitkey.errors.RemoteCacheWarning` per cause. ``stats()`` counts ``hits``, ``misses``,
+``rejects`` (values that failed verification), ``errors``, ``timeouts``, ``skipped`` (calls made during a
+back-off), ``puts`` and ``put_failures``. Passwords and secrets never appear in ``repr``, ``url``,
+``stats()`` or warnings.
 
 **Remote values are untrusted.** A Redis key is ``jitkey:r1:<namespace>:<hex digest>``: the remote format
 version, the user namespace, the same 32-byte digest the ``DiskIndex`` uses. The stored value is an envelope
@@ -37,6 +42,13 @@ caller's (``jitkey.triton.autotune`` checks its JSON as it does for the ``DiskIn
 ``unix:///path/redis.sock``), ``JITKEY_REMOTE_NAMESPACE`` (default ``"default"``),
 ``JITKEY_REMOTE_SECRET`` (HMAC secret), ``JITKEY_REMOTE_TIMEOUT`` (seconds per operation, default 0.25),
 ``JITKEY_REMOTE_CONNECT_TIMEOUT`` (default 0.5), ``JITKEY_REMOTE_BACKOFF`` (default 1.0; the cap is 60).
+Timeouts must be finite and in ``(0, 60]`` seconds, back-offs in ``(0, 86400]``, wherever they come from;
+anything else is a :class:`jitkey.errors.RemoteConfigError` at construction naming the value and its source.
+
+**Tiered puts.** :meth:`TieredIndex.put` / ``put_many`` check every key and value against the local index
+first and raise there, before anything is stored; after the local store nothing raises. A value the remote
+cannot take (over its ``max_value``) is stored locally only, and the call returns ``False`` as it does when
+the remote fails.
 
 Needs the ``redis`` client: ``pip install 'jitkey[redis]'``; without it :class:`RemoteIndex` raises
 :class:`jitkey.errors.MissingDependencyError` and nothing else changes.
@@ -44,9 +56,12 @@ Needs the ``redis`` client: ``pip install 'jitkey[redis]'``; without it :class:`
 
 from __future__ import annotations
 
-import contextlib
 import hmac
+import math
+import numbers
 import os
+import re
+import ssl
 import struct
 import threading
 import time
@@ -56,6 +71,7 @@ import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+from jitkey import _resp
 from jitkey._core import DiskIndex, _TierBase, digest
 from jitkey.errors import (
     KeyLengthError,
@@ -73,12 +89,16 @@ __all__ = [
     "ENV_SECRET",
     "ENV_TIMEOUT",
     "ENV_URL",
+    "MAX_REMOTE_VALUE",
     "REMOTE_FORMAT",
     "RemoteIndex",
     "TieredIndex",
     "default_index",
 ]
 
+MAX_REMOTE_VALUE: Final[int] = 256 << 20
+"""The largest ``max_value`` a :class:`RemoteIndex` takes (256 MiB; Redis strings hold 512 MB). A
+:class:`TieredIndex` copies only values up to ``DiskIndex.MAX_VALUE`` into its local index."""
 REMOTE_FORMAT: Final[int] = 1
 """Version of the remote key layout and value envelope (part of every Redis key and value)."""
 ENVELOPE_MAGIC: Final[bytes] = b"JKR" + bytes([REMOTE_FORMAT])
@@ -94,6 +114,11 @@ _DEFAULT_TIMEOUT: Final = 0.25
 _DEFAULT_CONNECT_TIMEOUT: Final = 0.5
 _DEFAULT_BACKOFF: Final = 1.0
 _BACKOFF_MAX: Final = 60.0
+_TIMEOUT_MAX: Final = (
+    60.0  # the longest timeout / connect_timeout: a JIT call never waits longer on the remote
+)
+_BACKOFF_LIMIT: Final = 86400.0
+_TTL_MAX: Final = 1e9  # seconds (about 31 years): PX stays far inside what Redis accepts
 
 # Envelope: magic (4) | flags (1) | reserved (3, zero) | key digest (32) | value length (u32 LE) | value | tag
 _HEADER: Final = struct.Struct("<4sB3s32sI")
@@ -102,6 +127,14 @@ _FLAG_HMAC: Final = 1  # tag = HMAC-SHA256 with the shared secret
 _TAG_LEN: Final = {_FLAG_CHECKSUM: 16, _FLAG_HMAC: 32}
 _ZERO3: Final = b"\0\0\0"
 _NAMESPACE_MAX: Final = 128
+# How failures are named in warnings and ``last_error``.
+_LABELS: Final[dict[type, str]] = {
+    _resp.Timeout: "TimeoutError",
+    _resp.ConnectionFailed: "ConnectionError",
+    _resp.AuthError: "AuthenticationError",
+    _resp.ServerError: "ServerError",
+    _resp.ProtocolError: "ProtocolError",
+}
 
 
 def _key_digest(key: object) -> bytes:
@@ -118,7 +151,7 @@ def _key_digest(key: object) -> bytes:
 
 def _import_redis() -> Any:
     try:
-        import redis
+        import redis.connection
     except ImportError as exc:
         raise MissingDependencyError(
             "jitkey's remote tier needs the redis client: pip install 'jitkey[redis]'"
@@ -126,55 +159,224 @@ def _import_redis() -> Any:
     return redis
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
+def _seconds(name: str, value: object, source: str, upper: float) -> float:
+    """``value`` as seconds in ``(0, upper]``, else :class:`RemoteConfigError` naming it and where it came
+    from. Rejects bools, non-numbers, NaN, infinities and values a socket timeout cannot hold."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise RemoteConfigError(f"{name} must be a number of seconds, got {value!r} ({source})")
+    try:
+        v = float(value)
+    except OverflowError:
+        v = math.inf
+    if not (math.isfinite(v) and 0 < v <= upper):
+        raise RemoteConfigError(
+            f"{name} must be a finite number of seconds in (0, {upper:g}], got {value!r} ({source})"
+        )
+    return v
+
+
+def _env_seconds(name: str, env: str, default: float, upper: float) -> float:
+    raw = os.environ.get(env)
     if raw is None or raw == "":
         return default
     try:
         value = float(raw)
     except ValueError:
-        raise RemoteConfigError(f"{name}={raw!r} is not a number of seconds") from None
-    return value
+        raise RemoteConfigError(f"{env}={raw!r} is not a number of seconds") from None
+    return _seconds(name, value, f"from ${env}={raw!r}", upper)
+
+
+_SECRET_QUERY = re.compile(r"pass|secret|token|cred", re.IGNORECASE)
 
 
 def _redact(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for stats, warnings and repr)."""
+    """``url`` with its secrets replaced by ``***``: the password of the user info (a user info without
+    a ``:`` entirely, since it may be a password), and the values of query parameters whose names say
+    password, secret, token or credential. Works on the text itself, so it never fails."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "<not a URL>"
+    cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    netloc, tail = rest[:cut], rest[cut:]
+    userinfo, at, hostport = netloc.rpartition("@")
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        netloc = f"{user}:***@{hostport}" if colon else f"***@{hostport}"
+    path, q, query = tail.partition("?")
+    if q:
+        query, h, fragment = query.partition("#")
+        pairs = []
+        for pair in query.split("&"):
+            k, eq, _v = pair.partition("=")
+            pairs.append(f"{k}=***" if eq and _SECRET_QUERY.search(urllib.parse.unquote(k)) else pair)
+        tail = f"{path}?{'&'.join(pairs)}{h}{fragment}"
+    return f"{scheme}://{netloc}{tail}"
+
+
+def _secrets_of(url: str, endpoint: _resp.Endpoint | None, secret: bytes | None) -> tuple[str, ...]:
+    """Every secret string ``url`` and ``secret`` hold, as text may show them (raw and percent-decoded),
+    longest first: what :meth:`RemoteIndex._scrub` removes from messages."""
+    found: set[str] = set()
+    rest = url.partition("://")[2]
+    cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    userinfo = rest[:cut].rpartition("@")[0]
+    if userinfo:
+        found.add(userinfo.partition(":")[2] if ":" in userinfo else userinfo)
+    query = rest[cut:].partition("?")[2].partition("#")[0]
+    for pair in query.split("&"):
+        k, eq, v = pair.partition("=")
+        if eq and _SECRET_QUERY.search(urllib.parse.unquote(k)):
+            found.add(v)
+    if endpoint is not None and endpoint.password:
+        found.add(endpoint.password)
+    if secret:
+        found.add(secret.decode("utf-8", "replace"))
+    out: set[str] = set()
+    for f in found:
+        out.update((f, urllib.parse.unquote(f), urllib.parse.unquote_plus(f)))
+    return tuple(sorted((f for f in out if f), key=len, reverse=True))
+
+
+# URL query options of redis-py's syntax that tune its connection pool, not one connection per thread:
+# accepted and ignored.
+_IGNORED_OPTIONS: Final = frozenset(
+    {
+        "max_connections",
+        "health_check_interval",
+        "retry_on_timeout",
+        "retry_on_error",
+        "socket_keepalive",
+        "socket_read_size",
+        "protocol",
+        "legacy_responses",
+    }
+)
+_SSL_OPTIONS: Final = frozenset(
+    {
+        "ssl_cert_reqs",
+        "ssl_ca_certs",
+        "ssl_ca_path",
+        "ssl_ca_data",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "ssl_password",
+        "ssl_check_hostname",
+        "ssl_min_version",
+        "ssl_ciphers",
+        "ssl_include_verify_flags",
+        "ssl_exclude_verify_flags",
+    }
+)
+
+
+def _tls_context(opts: dict[str, Any]) -> ssl.SSLContext:
+    """The TLS context of a ``rediss://`` URL, from redis-py's ``ssl_*`` options (as its SSLConnection
+    builds it)."""
+    ctx = ssl.create_default_context()
+    reqs = opts.get("ssl_cert_reqs", "required")
+    modes = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+    if reqs not in modes:
+        raise RemoteConfigError(f"ssl_cert_reqs must be none, optional or required, got {reqs!r}")
+    check = opts.get("ssl_check_hostname", True)
+    ctx.check_hostname = bool(check) and modes[reqs] != ssl.CERT_NONE
+    ctx.verify_mode = modes[reqs]
+    for flag in opts.get("ssl_include_verify_flags") or ():
+        ctx.verify_flags |= flag
+    for flag in opts.get("ssl_exclude_verify_flags") or ():
+        ctx.verify_flags &= ~flag
+    if opts.get("ssl_certfile") or opts.get("ssl_keyfile"):
+        ctx.load_cert_chain(
+            opts.get("ssl_certfile") or opts["ssl_keyfile"], opts.get("ssl_keyfile"), opts.get("ssl_password")
+        )
+    if any(opts.get(k) for k in ("ssl_ca_certs", "ssl_ca_path", "ssl_ca_data")):
+        ctx.load_verify_locations(opts.get("ssl_ca_certs"), opts.get("ssl_ca_path"), opts.get("ssl_ca_data"))
+    if opts.get("ssl_min_version") is not None:
+        ctx.minimum_version = ssl.TLSVersion(opts["ssl_min_version"])
+    if opts.get("ssl_ciphers"):
+        ctx.set_ciphers(opts["ssl_ciphers"])
+    return ctx
+
+
+def _endpoint(redis: Any, url: str) -> tuple[_resp.Endpoint, dict[str, Any]]:
+    """Where ``url`` points (redis-py's URL syntax, parsed by redis-py) and its timeout options.
+
+    Raises:
+        RemoteConfigError: a URL redis-py cannot parse, an option this tier does not support, a bad
+            database number or TLS setting.
+    """
+    opts = dict(redis.connection.parse_url(url))
+    scheme = url.partition("://")[0]
+    timeouts = {k: opts.pop(k) for k in ("socket_timeout", "socket_connect_timeout") if k in opts}
+    tls_opts = {k: opts.pop(k) for k in list(opts) if k in _SSL_OPTIONS}
+    for k in list(opts):
+        if k in _IGNORED_OPTIONS:
+            del opts[k]
+    opts.pop("connection_class", None)
+    known = {"host", "port", "path", "username", "password", "db", "client_name"}
+    unknown = sorted(set(opts) - known)
+    if unknown:
+        raise RemoteConfigError(
+            f"unsupported URL option {unknown[0]!r} (the remote tier takes {sorted(known - {'host', 'port', 'path'})}, socket_timeout, socket_connect_timeout and ssl_* options)"
+        )
+    if tls_opts and scheme != "rediss":
+        raise RemoteConfigError(f"URL option {sorted(tls_opts)[0]!r} needs a rediss:// (TLS) URL")
+    db = opts.get("db", 0)
+    if isinstance(db, str):
+        try:
+            db = int(db)
+        except ValueError:
+            raise RemoteConfigError(f"db must be an integer, got {db!r}") from None
+    if type(db) is not int or not 0 <= db < 2**31:
+        raise RemoteConfigError(f"db must be an integer in 0..2**31-1, got {db!r}")
+    port = opts.get("port", 6379)
+    if scheme == "unix" and not opts.get("path"):
+        raise RemoteConfigError("a unix:// URL needs the socket's path")
     try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+        tls = _tls_context(tls_opts) if scheme == "rediss" else None
+    except (OSError, ssl.SSLError, ValueError, TypeError) as exc:
+        raise RemoteConfigError(f"cannot set up TLS from the URL's ssl_* options: {exc}") from None
+    ep = _resp.Endpoint(
+        host=opts.get("host") or "localhost",
+        port=port,
+        path=opts.get("path") if scheme == "unix" else None,
+        tls=tls,
+        username=opts.get("username") or None,
+        password=opts.get("password"),
+        db=db,
+        client_name=opts.get("client_name") or None,
+    )
+    return ep, timeouts
 
 
 class RemoteIndex:
     """Key → bytes in a Redis (or Valkey) server shared by many hosts; the interface of a ``DiskIndex``.
 
     ``url``: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS) or ``unix:///path`` (redis-py's
-    URL syntax; query parameters such as ``?socket_timeout=0.1`` override the arguments below); default
+    URL syntax, parsed by redis-py; query parameters ``socket_timeout`` / ``socket_connect_timeout`` override
+    the arguments below, ``db``, ``client_name``, ``password``, ``username`` and redis-py's ``ssl_*`` options
+    are honoured, its pool-tuning options are ignored, any other option is refused); default
     ``$JITKEY_REMOTE_CACHE``. ``namespace`` (default ``$JITKEY_REMOTE_NAMESPACE`` or ``"default"``) separates
     teams or projects sharing a server. ``secret`` (default ``$JITKEY_REMOTE_SECRET``): when set, values are
-    HMAC-SHA256 signed and only values signed with it are accepted. ``timeout`` / ``connect_timeout``
-    (seconds): per operation and per connection attempt. ``backoff``: seconds the remote is skipped after a
-    failure, doubled per consecutive failure up to ``backoff_max``. ``max_value``: the largest value stored or
-    accepted (default ``DiskIndex.MAX_VALUE``). ``ttl``: seconds before the server may drop an entry
-    (``None``: kept until evicted by the server's own policy).
+    HMAC-SHA256 signed and only values signed with it are accepted. ``timeout`` (seconds, at most 60): the
+    deadline of a whole operation (sending the commands and reading every reply); ``connect_timeout``
+    (seconds, at most 60): the deadline for opening a connection (TCP, TLS, handshake), added to the
+    operation's when one is opened. ``backoff``: seconds the remote is skipped after a failure, doubled per
+    consecutive failure up to ``backoff_max`` (both at most 86400). ``max_value``: the largest value stored
+    or accepted (default ``DiskIndex.MAX_VALUE``, at most :data:`MAX_REMOTE_VALUE`; a reply is never
+    buffered past it). ``ttl``: seconds before the server may drop an entry
+    (``None``: kept until evicted by the server's own policy; at most about 31 years).
 
     Keys and values follow :class:`jitkey.DiskIndex`: a 32-byte ``bytes`` key is a digest, any other keyable
     value is digested; values are ``bytes``. Nothing connects until the first operation. Every method is
     thread-safe and fork-safe: commands go through one connection per thread and process (a forked child
-    opens its own), made by redis-py from the URL (auth, TLS, database) but not dispatched through
-    ``redis.Redis``.
+    opens its own), spoken by jitkey itself (``jitkey._resp``: one deadline per operation, replies bounded
+    and type-checked before they are buffered).
 
     Raises:
         jitkey.errors.MissingDependencyError: the ``redis`` package is not installed (``jitkey[redis]``).
-        jitkey.errors.RemoteConfigError: no URL, a URL redis-py cannot parse, a bad namespace or a
-            non-positive timeout / back-off / size bound.
+        jitkey.errors.RemoteConfigError: no URL, a URL redis-py cannot parse or with an unsupported option,
+            a bad namespace or secret, a timeout / back-off / ttl that is not a finite number of seconds in
+            its range (the message names the value and where it came from), a bad ``max_value``.
     """
 
     def __init__(
@@ -191,12 +393,11 @@ class RemoteIndex:
         ttl: float | None = None,
     ) -> None:
         redis = _import_redis()
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
         url = url if url is not None else os.environ.get(ENV_URL)
         if not url:
             raise RemoteConfigError(f"RemoteIndex needs a URL (argument or ${ENV_URL})")
+        if not isinstance(url, str):
+            raise RemoteConfigError(f"the URL must be a str, got {type(url).__qualname__}")
         ns = namespace if namespace is not None else os.environ.get(ENV_NAMESPACE) or "default"
         if (
             not isinstance(ns, str)
@@ -214,30 +415,42 @@ class RemoteIndex:
             secret = secret.encode()
         if secret is not None and (not isinstance(secret, bytes) or not secret):
             raise RemoteConfigError("secret must be non-empty bytes or str")
-        timeout = timeout if timeout is not None else _env_float(ENV_TIMEOUT, _DEFAULT_TIMEOUT)
-        connect_timeout = (
-            connect_timeout
-            if connect_timeout is not None
-            else _env_float(ENV_CONNECT_TIMEOUT, _DEFAULT_CONNECT_TIMEOUT)
-        )
-        backoff = backoff if backoff is not None else _env_float(ENV_BACKOFF, _DEFAULT_BACKOFF)
-        for name, v in (
-            ("timeout", timeout),
-            ("connect_timeout", connect_timeout),
-            ("backoff", backoff),
-            ("backoff_max", backoff_max),
-        ):
-            if not v > 0:
-                raise RemoteConfigError(f"{name} must be > 0 seconds, got {v!r}")
-        if type(max_value) is not int or not 0 < max_value <= DiskIndex.MAX_VALUE:
+        self._secrets = _secrets_of(url, None, secret)
+        self._redacted = self._scrub(_redact(url))
+        try:
+            endpoint, url_timeouts = _endpoint(redis, url)
+        except RemoteConfigError as exc:
             raise RemoteConfigError(
-                f"max_value must be an int in 1..{DiskIndex.MAX_VALUE}, got {max_value!r}"
+                f"cannot use remote cache URL {self._redacted!r}: {self._scrub(str(exc))}"
+            ) from None
+        except (ValueError, TypeError) as exc:
+            raise RemoteConfigError(
+                f"cannot use remote cache URL {self._redacted!r}: {self._scrub(str(exc))}"
+            ) from None
+        if timeout is None:
+            self._timeout = _env_seconds("timeout", ENV_TIMEOUT, _DEFAULT_TIMEOUT, _TIMEOUT_MAX)
+        else:
+            self._timeout = _seconds("timeout", timeout, "argument", _TIMEOUT_MAX)
+        if connect_timeout is None:
+            self._connect_timeout = _env_seconds(
+                "connect_timeout", ENV_CONNECT_TIMEOUT, _DEFAULT_CONNECT_TIMEOUT, _TIMEOUT_MAX
             )
-        if ttl is not None and not ttl > 0:
-            raise RemoteConfigError(f"ttl must be > 0 seconds or None, got {ttl!r}")
+        else:
+            self._connect_timeout = _seconds("connect_timeout", connect_timeout, "argument", _TIMEOUT_MAX)
+        for opt, attr in (("socket_timeout", "_timeout"), ("socket_connect_timeout", "_connect_timeout")):
+            if opt in url_timeouts:
+                setattr(self, attr, _seconds(opt, url_timeouts[opt], "URL option", _TIMEOUT_MAX))
+        if backoff is None:
+            self._backoff = _env_seconds("backoff", ENV_BACKOFF, _DEFAULT_BACKOFF, _BACKOFF_LIMIT)
+        else:
+            self._backoff = _seconds("backoff", backoff, "argument", _BACKOFF_LIMIT)
+        self._backoff_max = _seconds("backoff_max", backoff_max, "argument", _BACKOFF_LIMIT)
+        if type(max_value) is not int or not 0 < max_value <= MAX_REMOTE_VALUE:
+            raise RemoteConfigError(f"max_value must be an int in 1..{MAX_REMOTE_VALUE}, got {max_value!r}")
+        self._px = None if ttl is None else max(1, int(_seconds("ttl", ttl, "argument", _TTL_MAX) * 1000))
 
-        self._url = url
-        self._redacted = _redact(url)
+        self._endpoint = endpoint
+        self._secrets = _secrets_of(url, endpoint, secret)  # with the password redis-py parsed
         self._namespace = ns
         self._prefix = f"jitkey:r{REMOTE_FORMAT}:{ns}:".encode()
         self._secret: bytes | None = secret
@@ -245,24 +458,8 @@ class RemoteIndex:
         self._tag_len = _TAG_LEN[self._flag]
         self._max_value = max_value
         self._max_raw = _HEADER.size + max_value + self._tag_len
-        self._px = None if ttl is None else max(1, int(ttl * 1000))
-        self._timeout, self._connect_timeout = float(timeout), float(connect_timeout)
-        self._backoff, self._backoff_max = float(backoff), float(backoff_max)
-        self._exc = redis.exceptions
-        try:
-            # redis-py parses the URL (auth, TLS, unix sockets, db) and makes the connections; the commands
-            # go straight through one connection per thread (see _call), not through redis.Redis.
-            self._pool = redis.ConnectionPool.from_url(
-                url,
-                socket_timeout=self._timeout,
-                socket_connect_timeout=self._connect_timeout,
-                retry=Retry(NoBackoff(), 0),
-                decode_responses=False,
-            )
-        except (ValueError, TypeError) as exc:
-            raise RemoteConfigError(f"cannot use remote cache URL {self._redacted!r}: {exc}") from None
         self._local = threading.local()
-        self._conns: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._conns: weakref.WeakSet[_resp.Connection] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._failures = 0
         self._skip_until = 0.0
@@ -272,6 +469,13 @@ class RemoteIndex:
         self._stats = dict.fromkeys(
             ("hits", "misses", "rejects", "errors", "timeouts", "skipped", "puts", "put_failures"), 0
         )
+
+    def _scrub(self, text: str) -> str:
+        """``text`` with every secret of this index (URL password, secret query values, the HMAC secret)
+        replaced by ``***``: applied to every text this index shows (warnings, ``last_error``)."""
+        for s in self._secrets:
+            text = text.replace(s, "***")
+        return text
 
     # -- keys and envelopes ---------------------------------------------------------------------------------
     def redis_key(self, key: object) -> bytes:
@@ -329,30 +533,28 @@ class RemoteIndex:
             if cause in self._warned:
                 return
             self._warned.add(cause)
-        warnings.warn(f"jitkey remote cache {self._redacted}: {msg}", RemoteCacheWarning, stacklevel=4)
+        warnings.warn(
+            f"jitkey remote cache {self._redacted}: {self._scrub(msg)}", RemoteCacheWarning, stacklevel=4
+        )
 
-    def _failed(self, exc: BaseException) -> None:
-        exceptions = self._exc
-        if isinstance(exc, exceptions.TimeoutError):
-            counter, cause = "timeouts", "timeout"
+    def _failed(self, exc: Exception | _resp.ErrorReply) -> None:
+        """Counts a failure of the server or the wire, starts or doubles the back-off, warns once per kind.
+
+        ``exc`` is what went wrong: a :class:`jitkey._resp.WireError`, an error reply, or any other exception
+        an operation met on the wire (a server error too: the remote never raises into a JIT call)."""
+        if isinstance(exc, _resp.ErrorReply):
+            label, cause = "ResponseError", "server"
         else:
-            counter = "errors"
-            cause = (
-                "auth"
-                if isinstance(exc, exceptions.AuthenticationError)
-                else "connection"
-                if isinstance(exc, exceptions.ConnectionError)
-                else "server"
-            )
+            label = _LABELS.get(type(exc), type(exc).__name__)
+            cause = exc.cause if isinstance(exc, _resp.WireError) else "server"
+        text = self._scrub(f"{label}: {exc}")
         with self._lock:
-            self._stats[counter] += 1
+            self._stats["timeouts" if cause == "timeout" else "errors"] += 1
             self._failures += 1
             delay = min(self._backoff_max, self._backoff * 2 ** min(self._failures - 1, 30))
             self._skip_until = time.monotonic() + delay
-            self._last_error = f"{type(exc).__name__}: {exc}"
-        self._warn_once(
-            cause, f"{type(exc).__name__}: {exc}; skipping the remote for {delay:g} s (doubling on repeat)"
-        )
+            self._last_error = text
+        self._warn_once(cause, f"{text}; skipping the remote for {delay:g} s (doubling on repeat)")
 
     def _succeeded(self) -> None:
         if self._failures:
@@ -366,37 +568,29 @@ class RemoteIndex:
         self._warn_once("reject:" + why, f"rejected a remote value ({why}); treated as a miss")
 
     # -- the wire -------------------------------------------------------------------------------------------
-    def _conn(self) -> Any:
-        """This thread's connection (a new one in a forked child: never share a parent's socket)."""
-        local = self._local
-        conn = getattr(local, "conn", None)
-        pid = os.getpid()
-        if conn is None or local.pid != pid:
-            conn = self._pool.make_connection()
-            local.conn, local.pid = conn, pid
-            self._conns.add(conn)
-        return conn
+    def _call(self, commands: list[_resp.Command]) -> list[object]:
+        """Sends ``commands`` in one write and reads their replies, all within one deadline: ``timeout``
+        on an open connection, ``connect_timeout + timeout`` when one is opened first (connecting alone
+        within ``connect_timeout``). One connection per thread and process (a forked child never uses
+        its parent's socket).
 
-    def _call(self, *commands: tuple[Any, ...]) -> list[Any]:
-        """Send ``commands`` in one write and read their replies (an error reply is returned as its
-        ``ResponseError``). A connection, timeout or protocol error disconnects (the next call reconnects,
-        so a late reply can never be read as another command's) and raises."""
-        conn = self._conn()
-        try:
-            if len(commands) == 1:
-                conn.send_command(*commands[0])
-            else:
-                conn.send_packed_command(conn.pack_commands(commands))
-            out: list[Any] = []
-            for _ in commands:
-                try:
-                    out.append(conn.read_response())
-                except self._exc.ResponseError as exc:
-                    out.append(exc)
-            return out
-        except BaseException:
-            conn.disconnect()
-            raise
+        Raises:
+            jitkey._resp.WireError: any failure (the connection is closed: a late reply can never be read
+                as another command's).
+        """
+        local = self._local
+        conn: _resp.Connection | None = getattr(local, "conn", None)
+        pid = os.getpid()
+        if conn is None or conn.pid != pid:
+            conn = _resp.Connection(self._endpoint, pid)
+            local.conn = conn
+            self._conns.add(conn)
+        start = time.monotonic()
+        if conn.connected:
+            return conn.call(commands, start + self._timeout)
+        return conn.call(
+            commands, start + self._connect_timeout + self._timeout, start + self._connect_timeout
+        )
 
     # -- the DiskIndex interface ------------------------------------------------------------------------------
     def get(self, key: object) -> bytes | None:
@@ -410,27 +604,30 @@ class RemoteIndex:
         if (self._failures or self._closed) and self._skipping():
             return None
         rkey = self._prefix + d.hex().encode()
+        # GETRANGE's end is inclusive: at most max_raw + 1 bytes, so an oversize value is seen as one.
+        cmd = _resp.Command("GETRANGE", (rkey, 0, self._max_raw), _resp.BULK, self._max_raw + 1)
         try:
-            (raw,) = self._call(("GETRANGE", rkey, 0, self._max_raw))
-        except self._exc.RedisError as exc:
+            (raw,) = self._call([cmd])
+        except Exception as exc:  # the wire: a miss, never an exception into the JIT call
             self._failed(exc)
             return None
-        except OSError as exc:  # pragma: no cover - redis-py wraps socket errors; belt and braces
-            self._failed(self._exc.ConnectionError(str(exc)))
-            return None
-        if isinstance(raw, self._exc.ResponseError):
-            if str(raw).startswith("WRONGTYPE"):  # something else lives under our key: bad data
+        if isinstance(raw, _resp.ErrorReply):
+            if raw.text.startswith("WRONGTYPE"):  # something else lives under our key: bad data
                 self._succeeded()
                 self._reject("another Redis type under the key (WRONGTYPE)")
             else:  # NOAUTH, NOPERM, LOADING, ...: the server is not usable now
                 self._failed(raw)
             return None
         self._succeeded()
-        if not raw:  # GETRANGE of a missing key is b""
+        if not raw:  # GETRANGE of a missing key is b"" (a nil bulk is taken as absent too)
             with self._lock:
                 self._stats["misses"] += 1
             return None
-        value, why = self._open(rkey, d, raw)
+        assert isinstance(raw, bytes)
+        try:
+            value, why = self._open(rkey, d, raw)
+        except Exception as exc:  # never trust bytes we did not write: a parse failure is a reject
+            value, why = None, f"malformed value ({type(exc).__name__})"
         if value is None:
             self._reject(why)
             return None
@@ -462,7 +659,8 @@ class RemoteIndex:
     def put_many(self, items: Iterable[tuple[object, bytes]] | Mapping[object, bytes]) -> bool:
         """Store many entries in one round trip; ``True`` when the server acknowledged all of them.
 
-        Every key and value is checked before anything is sent (errors as for :meth:`put`).
+        Every key and value is checked before anything is sent (errors as for :meth:`put`). An entry is
+        acknowledged only by the status ``+OK``; any other reply fails the whole batch.
         """
         pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
         sealed: list[tuple[bytes, bytes]] = []
@@ -470,30 +668,58 @@ class RemoteIndex:
             d = _key_digest(k)
             rkey = self._prefix + d.hex().encode()
             sealed.append((rkey, self._seal(rkey, d, self._check_value(v, i))))
+        return self._send_sealed(sealed)
+
+    def _send_sealed(self, sealed: list[tuple[bytes, bytes]]) -> bool:
+        """The wire half of :meth:`put_many` (never raises)."""
         if not sealed:
             return True
         if self._skipping():
             return False
-        px = () if self._px is None else ("PX", self._px)
+        px: tuple[str | int, ...] = () if self._px is None else ("PX", self._px)
+        cmds = [_resp.Command("SET", (rkey, raw, *px), _resp.OK) for rkey, raw in sealed]
         try:
-            replies = self._call(*[("SET", rkey, raw, *px) for rkey, raw in sealed])
-        except (self._exc.RedisError, OSError) as exc:
+            replies = self._call(cmds)
+        except Exception as exc:  # the wire: a no-op, never an exception into the JIT call
             with self._lock:
                 self._stats["put_failures"] += len(sealed)
-            self._failed(
-                exc if isinstance(exc, self._exc.RedisError) else self._exc.ConnectionError(str(exc))
-            )
+            self._failed(exc)
             return False
-        refused = [r for r in replies if isinstance(r, self._exc.ResponseError)]
-        ok = not refused and all(r in (b"OK", "OK", True) for r in replies)
+        acked = sum(1 for r in replies if r is True)
         with self._lock:
-            self._stats["puts"] += sum(1 for r in replies if r in (b"OK", "OK", True))
-            self._stats["put_failures"] += len(replies) - sum(1 for r in replies if r in (b"OK", "OK", True))
+            self._stats["puts"] += acked
+            self._stats["put_failures"] += len(replies) - acked
+        refused = [r for r in replies if isinstance(r, _resp.ErrorReply)]
         if refused:  # e.g. OOM (maxmemory with noeviction) or READONLY (a replica): back off
             self._failed(refused[0])
         else:
             self._succeeded()
-        return ok
+        return acked == len(replies)
+
+    def _put_after_local(self, pairs: list[tuple[object, bytes]]) -> bool:
+        """The remote half of :meth:`TieredIndex.put_many`, after the local index stored ``pairs``: never
+        raises. An entry this index cannot take (over ``max_value``, or a key or value that no longer
+        digests or checks) is left out, counted in ``put_failures`` and warned about once; the rest is sent.
+        """
+        sealed: list[tuple[bytes, bytes]] = []
+        left_out: list[str] = []
+        for i, (k, v) in enumerate(pairs):
+            try:
+                d = _key_digest(k)
+                rkey = self._prefix + d.hex().encode()
+                sealed.append((rkey, self._seal(rkey, d, self._check_value(v, i))))
+            except ValueTooLargeError:
+                left_out.append(
+                    f"value over max_value ({self._max_value} bytes): stored in the local index only"
+                )
+            except Exception as exc:
+                left_out.append(f"{type(exc).__name__} for entry #{i}: stored in the local index only")
+        if left_out:
+            with self._lock:
+                self._stats["put_failures"] += len(left_out)
+            for why in left_out:
+                self._warn_once("left out:" + why.partition(" for entry")[0], why)
+        return self._send_sealed(sealed) and not left_out
 
     def delete(self, key: object) -> bool:
         """Remove ``key`` from the server; whether it was there (``False`` also when the remote failed)."""
@@ -501,17 +727,17 @@ class RemoteIndex:
         if self._skipping():
             return False
         try:
-            (n,) = self._call(("DEL", rkey))
-        except (self._exc.RedisError, OSError) as exc:
-            self._failed(
-                exc if isinstance(exc, self._exc.RedisError) else self._exc.ConnectionError(str(exc))
-            )
+            (n,) = self._call([_resp.Command("DEL", (rkey,), _resp.INT)])
+            if isinstance(n, int) and n not in (0, 1):
+                raise _resp.ProtocolError(f"DEL of one key answered {n}")
+        except Exception as exc:
+            self._failed(exc)
             return False
-        if isinstance(n, self._exc.ResponseError):
+        if isinstance(n, _resp.ErrorReply):
             self._failed(n)
             return False
         self._succeeded()
-        return bool(n)
+        return n == 1
 
     def stats(self) -> dict[str, Any]:
         """Counters (per process): ``hits``, ``misses``, ``rejects`` (values that failed verification),
@@ -557,10 +783,7 @@ class RemoteIndex:
         """Close the connections; later calls are misses / no-ops (a closed remote is skipped)."""
         self._closed = True
         for conn in list(self._conns):
-            with contextlib.suppress(self._exc.RedisError, OSError):
-                conn.disconnect()
-        with contextlib.suppress(self._exc.RedisError, OSError):
-            self._pool.disconnect()
+            conn.close()
 
     def __enter__(self) -> RemoteIndex:
         return self
@@ -617,15 +840,22 @@ class TieredIndex(_TierBase):
         return self.get(key) is not None
 
     def put(self, key: object, value: bytes) -> bool:
-        """Store in the local index, then the remote; ``True`` when the remote acknowledged it too."""
-        self.local.put(key, value)
-        return self.remote.put(key, value)
+        """Store in the local index, then the remote; ``True`` when the remote acknowledged it too.
+
+        Caller mistakes (a bad key, a value that is not ``bytes`` or is over ``DiskIndex.MAX_VALUE``) raise
+        before anything is stored. Once the local index has stored the value nothing raises: a value over
+        the remote's ``max_value`` is kept locally only (``False``; counted in ``remote_put_failures``, one
+        :class:`jitkey.errors.RemoteCacheWarning`), and a failing remote is a ``False`` as always.
+        """
+        return self.put_many(((key, value),))
 
     def put_many(self, items: Iterable[tuple[object, bytes]] | Mapping[object, bytes]) -> bool:
-        """Store many entries locally (one write) and remotely (one round trip)."""
+        """Store many entries locally (one write) and remotely (one round trip); ``True`` when the remote
+        acknowledged every entry. Raises only before the local store, as :meth:`put`; entries over the
+        remote's ``max_value`` are stored locally only."""
         pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
         self.local.put_many(pairs)
-        return self.remote.put_many(pairs)
+        return self.remote._put_after_local(pairs)
 
     def delete(self, key: object) -> bool:
         """Remove ``key`` from both tiers; whether either held it."""

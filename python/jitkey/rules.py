@@ -22,6 +22,7 @@ which is what the Rust side reads.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -358,8 +359,11 @@ def _triton_rule(
         return ConstexprRule()
     specialize = not do_not_specialize
     if annotation_type and (annotation_type == "u1" or annotation_type[:2] in _UNSPECIALIZED_ANNOTATIONS):
-        # Triton never specializes bool/float-annotated parameters.
-        specialize = False
+        # Triton never specializes bool/float-annotated parameters: its key is the annotation alone, whatever
+        # the argument (an int of any size included, which its launcher converts). Ints are keyed by type
+        # here, so no int is outside a range the key could hold.
+        rule = triton_value(specialize=False, align=not do_not_specialize_on_alignment)
+        return dataclasses.replace(rule, int_=IntRule("type"))
     return triton_value(specialize=specialize, align=not do_not_specialize_on_alignment)
 
 

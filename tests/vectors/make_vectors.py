@@ -1,4 +1,4 @@
-"""Regenerate ``keys.json``, the committed test vectors of key encoding v1.
+"""Regenerate ``keys.json``, the committed test vectors of the key encoding (format v2).
 
 Run only for a deliberate format change (which also bumps FORMAT_VERSION and DIGEST_DOMAIN):
 ``python tests/vectors/make_vectors.py > tests/vectors/keys.json``. The encodings come from the
@@ -104,7 +104,12 @@ EXTRA: list[dict[str, Any]] = [
     {"t": "dtype", "v": "bfloat16"},
     {"t": "device", "type": "cuda", "index": 0},
     {"t": "device", "type": "cpu", "index": None},
-    {"t": "object", "type": "examples.Point", "v": T(I(1), I(2))},
+    {"t": "object", "module": "examples", "qualname": "Point", "v": T(I(1), I(2))},
+    # One dotted name, two types (v1 keyed both as "pkg.sub.K"): format v2 keeps them apart.
+    {"t": "object", "module": "pkg.sub", "qualname": "K", "v": I(1)},
+    {"t": "object", "module": "pkg", "qualname": "sub.K", "v": I(1)},
+    {"t": "object", "module": "__main__", "qualname": "P", "v": spec("none")},
+    {"t": "object", "module": "builtins", "qualname": "P", "v": spec("none")},
 ]
 
 
@@ -118,8 +123,7 @@ def encode_spec(s: dict[str, Any]) -> bytes:
         idx = -1 if s["index"] is None else s["index"]
         return bytes([ref.T_DEVICE, len(ty)]) + ty + struct.pack("<q", idx)
     if t == "object":
-        name = s["type"].encode()
-        return bytes([ref.T_OBJECT]) + struct.pack("<H", len(name)) + name + encode_spec(s["v"])
+        return ref.object_header(s["module"], s["qualname"]) + encode_spec(s["v"])
     return ref.encode(to_python(s))
 
 

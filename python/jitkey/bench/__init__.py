@@ -17,6 +17,7 @@ from jitkey.bench._harness import (
     SPREAD_FLAG_PCT,
     Case,
     Result,
+    SelfTimed,
     Skipped,
     environment,
     format_compare,
@@ -27,15 +28,16 @@ from jitkey.bench._harness import (
     to_json,
     write_plot,
 )
-from jitkey.bench._sections import SECTIONS, DslRun, LaunchRun, gpu_unavailable_reason
+from jitkey.bench._sections import DEFAULT_SECTIONS, SECTIONS, gpu_unavailable_reason
 
 __all__ = ["DESCRIPTION", "add_arguments", "main", "run"]
 
 DESCRIPTION = f"""Launch-overhead and key-cost microbenchmark of jitkey against its peers.
 
 Sections: key, cache, lookup, disk, remote (CPU), launch and dsl (need an NVIDIA GPU; dsl also a DSL:
-Helion 1.4.0 or FlagGems 5.0.0). Every case checks its
-result before it is timed. Times are medians of calibrated timeit repeats; ratio = median / the
+Helion 1.4.0 or FlagGems 5.0.0); cold (only with --only cold: a fresh process's decoration and, on a GPU, first
+launches, plain Triton vs jitkey, in fresh subprocesses). Every case checks its result before it is timed.
+Times are medians of calibrated timeit repeats; ratio = median / the
 group's baseline (*) measured in the same run. Rows whose spread ((max-min)/median) exceeds
 {SPREAD_FLAG_PCT}% are flagged with '!': the machine was busy; rerun them before trusting the figure.
 Progress goes to stderr, the table to stdout."""
@@ -57,20 +59,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="SECTION",
         choices=list(SECTIONS),
-        help=f"run only these sections; repeatable, adds up (of: {', '.join(SECTIONS)})",
+        help=f"run only these sections; repeatable, adds up (of: {', '.join(SECTIONS)}; cold runs only when named)",
     )
 
 
 def _check_output(p: argparse.ArgumentParser, opt: str, path: str) -> None:
-    """Fail before the run (not after it) when an output path cannot be written."""
+    """Fail before the run (not after it) when an output path cannot be written. Any error of the
+    check itself (an unsearchable parent, a name too long) is such a failure, as one usage line."""
     target = Path(path)
-    if target.is_dir():
-        p.error(f"{opt} {path}: is a directory")
     parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir():
-        p.error(f"{opt} {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        p.error(f"{opt} {path}: not writable")
+    try:
+        if target.is_dir():
+            p.error(f"{opt} {path}: is a directory")
+        if not parent.is_dir():
+            p.error(f"{opt} {path}: directory {parent} does not exist")
+        if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+            p.error(f"{opt} {path}: not writable")
+    except OSError as e:
+        p.error(f"{opt} {path}: {e.strerror or e}")
+
+
+def _write_output(opt: str, path: str, write: Any) -> None:
+    """Writes one output after the run; a failure (a full disk, a path that became unwritable) is one
+    line and exit status 1, not a traceback (the table was already printed)."""
+    from jitkey.cli import CliError, os_error_text
+
+    try:
+        write()
+    except OSError as e:
+        raise CliError(f"{opt} {path}: writing failed: {os_error_text(e)}", 1) from None
 
 
 def validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any] | None:
@@ -112,12 +129,12 @@ def run(args: argparse.Namespace, argv: list[str], p: argparse.ArgumentParser | 
     if p is None:
         p = argparse.ArgumentParser(prog="jitkey bench")
     old = validate(p, args)
-    names = list(dict.fromkeys(args.only)) if args.only else list(SECTIONS)
+    names = list(dict.fromkeys(args.only)) if args.only else list(DEFAULT_SECTIONS)
     target_s, repeats = (0.01, 5) if args.quick else (0.05, 9)
     progress("collecting the environment (versions, fast paths)")
     env = environment()
     skipped: list[Skipped] = []
-    built: list[tuple[str, list[Case] | LaunchRun | DslRun]] = []
+    built: list[tuple[str, list[Case] | SelfTimed]] = []
     for name in names:
         progress(f"setting up {name}")
         b = SECTIONS[name](args.quick)
@@ -126,14 +143,15 @@ def run(args: argparse.Namespace, argv: list[str], p: argparse.ArgumentParser | 
             progress(f"{name} skipped: {b.reason}")
         else:
             built.append((name, b))
-    total = sum(1 if isinstance(b, (LaunchRun, DslRun)) else len(b) for _, b in built)
+    total = sum(1 if isinstance(b, SelfTimed) else len(b) for _, b in built)
     results: list[Result] = []
     done = 0
     for name, b in built:
-        if isinstance(b, (LaunchRun, DslRun)):
+        if isinstance(b, SelfTimed):
             done += 1
             progress(f"[{done}/{total}] {name}: {b.describe()}")
             results += b.results()
+            skipped += b.skipped
             continue
         results += run_cases(name, b, target_s=target_s, repeats=repeats, start=done, total=total)
         done += len(b)
@@ -147,17 +165,19 @@ def run(args: argparse.Namespace, argv: list[str], p: argparse.ArgumentParser | 
         if to_stdout_json:
             sys.stdout.write(doc + "\n")
         else:
-            Path(args.json).write_text(doc)
+            _write_output("--json", args.json, lambda: Path(args.json).write_text(doc))
             progress(f"wrote {args.json}")
     if args.plot:
-        write_plot(results, env, args.plot)
+        _write_output("--plot", args.plot, lambda: write_plot(results, env, args.plot))
         progress(f"wrote {args.plot}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """``jitkey bench`` with its own parser (argv without the ``bench`` word)."""
+    from jitkey.cli import guarded
+
     p = argparse.ArgumentParser(prog="jitkey bench", description=DESCRIPTION)
     add_arguments(p)
-    argv = sys.argv[1:] if argv is None else argv
-    return run(p.parse_args(argv), argv, p)
+    args = sys.argv[1:] if argv is None else argv
+    return guarded("jitkey bench", lambda: run(p.parse_args(args), args, p))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 import sys
 import time
@@ -59,6 +60,20 @@ class Skipped:
 
     section: str
     reason: str
+
+
+class SelfTimed:
+    """A section that times itself (GPU launches need syncs between batches; cold starts need fresh processes)
+    instead of a list of :class:`Case`: ``describe()`` for the progress line, ``results()`` its rows, and
+    ``skipped``, parts that could not run (filled by ``results()``)."""
+
+    skipped: list[Skipped]
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def results(self) -> list[Result]:
+        raise NotImplementedError
 
 
 def progress(msg: str) -> None:
@@ -149,15 +164,19 @@ def environment() -> dict[str, Any]:
 
 
 def group_unit(rows: list[Result]) -> str:
-    """One unit per group: µs when a row was measured in µs, or every row takes at least 1 µs and one at
-    least 10 µs; else ns."""
+    """One unit per group: ms when a row was measured in ms; µs when a row was measured in µs, or every row
+    takes at least 1 µs and one at least 10 µs; else ns."""
     medians = [r.median_ns for r in rows]
+    if any(r.unit == "ms" for r in rows):
+        return "ms"
     if any(r.unit == "us" for r in rows) or (min(medians) >= 1_000 and max(medians) >= 10_000):
         return "us"
     return "ns"
 
 
 def fmt_time(ns: float, unit: str) -> str:
+    if unit == "ms":
+        return f"{ns / 1e6:.2f} ms"
     if unit == "us":
         return f"{ns / 1000:.2f} µs"
     return f"{ns:.0f} ns" if ns >= 100 else f"{ns:.1f} ns"
@@ -275,9 +294,20 @@ def load_results(path: str) -> dict[str, Any]:
             raise ValueError(f"not JSON ({e})") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("results"), list):
         raise ValueError(f"not a jitkey bench --json file of schema {SCHEMA}")
-    for r in doc["results"]:
+    for i, r in enumerate(doc["results"]):
         if not isinstance(r, dict) or not {"section", "group", "impl", "median_ns"} <= r.keys():
             raise ValueError("a result lacks section/group/impl/median_ns")
+        if not all(isinstance(r[k], str) for k in ("section", "group", "impl")):
+            raise ValueError(f"result #{i}: section, group and impl must be strings")
+        for k in ("median_ns", "min_ns", "max_ns"):
+            v = r.get(k, 0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"result #{i}: {k} must be a number of nanoseconds, got {v!r}")
+    env = doc.get("environment", {})
+    if not isinstance(env, dict) or not isinstance(env.get("fast_paths", {}), dict):
+        raise ValueError("environment must be an object (with fast_paths an object)")
+    if not all(isinstance(v, dict) or v is None for v in env.get("fast_paths", {}).values()):
+        raise ValueError("environment.fast_paths must map names to objects")
     return doc
 
 

@@ -10,13 +10,13 @@ import importlib.util
 import pickle
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import jitkey
 from jitkey import _reference
-from jitkey.bench._harness import Case, Result, Skipped, set_ratios
+from jitkey.bench._harness import Case, Result, SelfTimed, Skipped, set_ratios
 
-SectionResult = Union[list[Case], Skipped, "LaunchRun", "DslRun"]
+SectionResult = list[Case] | Skipped | SelfTimed
 
 
 def triton_style_key(n: int) -> tuple[Any, ...]:
@@ -408,12 +408,13 @@ def launch_section(quick: bool) -> SectionResult:
 
 
 @dataclasses.dataclass
-class LaunchRun:
+class LaunchRun(SelfTimed):
     """A section that times itself (GPU launches need syncs between batches, not timeit)."""
 
     run: Callable[[], dict[str, Any]]
     batches: int
     launches: int
+    skipped: list[Skipped] = dataclasses.field(default_factory=list)
 
     def describe(self) -> str:
         return (
@@ -463,19 +464,21 @@ def dsl_section(quick: bool) -> SectionResult:
 
 
 @dataclasses.dataclass
-class DslRun:
+class DslRun(SelfTimed):
     """The dsl section: it times itself in fresh processes (a DSL's kernels are made once per process)."""
 
     run: Callable[[], dict[str, Any]]
     rounds: int
     batches: int
     launches: int
+    skipped: list[Skipped] = dataclasses.field(default_factory=list)
 
     def describe(self) -> str:
         return f"{self.rounds} processes per mode, {self.batches} batches of {self.launches} calls"
 
     def results(self) -> list[Result]:
         res = self.run()  # every call's output is checked against the torch op (and the DSL's own path)
+        self.skipped = [Skipped("dsl", f"{suite}: {why}") for suite, why in res["skipped"].items()]
         out: list[Result] = []
         names = {
             "torch op": "torch op",
@@ -508,6 +511,15 @@ class DslRun:
         return out
 
 
+def cold_section(quick: bool) -> SectionResult:
+    """A fresh process's cold path (fresh subprocesses): decoration on any machine, first launches on a GPU."""
+    if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None:
+        return Skipped("cold", "needs torch and triton: pip install 'jitkey[torch,triton]'")
+    from jitkey.bench._cold import ColdRun
+
+    return ColdRun(quick, gpu_unavailable_reason())
+
+
 SECTIONS: dict[str, Callable[[bool], SectionResult]] = {
     "key": key_section,
     "cache": cache_section,
@@ -516,4 +528,8 @@ SECTIONS: dict[str, Callable[[bool], SectionResult]] = {
     "remote": remote_section,
     "launch": launch_section,
     "dsl": dsl_section,
+    "cold": cold_section,
 }
+#: What ``jitkey bench`` runs without ``--only``: every section but ``cold`` (fresh processes, about a minute on
+#: a CPU, several on a GPU; ``--only cold`` runs it).
+DEFAULT_SECTIONS = [name for name in SECTIONS if name != "cold"]

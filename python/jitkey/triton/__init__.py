@@ -15,7 +15,10 @@ helper from other kernels (inline or ``noinline``; editing a helper recompiles i
 * **Miss.** Triton itself runs the call (``JITFunction.run``: it binds, compiles if needed, launches and
   returns the ``CompiledKernel`` it chose). jitkey stores that kernel with where Triton keeps it
   (``device_caches[device][0][key]``), so a hit can never pick a kernel Triton would not pick, and
-  whatever drops Triton's entry (``device_caches.clear()``, a source change) drops jitkey's.
+  whatever drops Triton's entry (``device_caches.clear()``, a source change) drops jitkey's. A kernel an
+  earlier process compiled comes from jitkey's L2 instead (:mod:`jitkey.triton._l2`): built from Triton's cache
+  entry as ``triton.compile`` builds it on a cache hit, put where Triton keeps it, launched as a hit, without
+  Triton's installation hash, binder or compile path.
 * **Hit.** The current stream is read on every call (``torch.cuda.stream()`` and CUDA-graph capture
   work); launch hooks and ``launch_metadata`` are passed only when a hook chain is non-empty (checked per
   call); globals the kernel reads are checked like Triton does; then ``ck.run(...)``, or the CUDA
@@ -43,7 +46,9 @@ except ImportError as _exc:  # pragma: no cover - exercised by the packaging tes
         "jitkey.triton needs Triton: pip install 'jitkey[triton]' (or install triton yourself)"
     ) from _exc
 
-from typing import Any
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 from jitkey.triton import _current, _installed, _watch
 from jitkey.triton._installed import Unkeyable, triton_info
@@ -54,11 +59,38 @@ from jitkey.triton._kernel import (
     installed,
     jit,
     kept,
+    kernels_made,
     plain,
     registry,
     uninstall,
 )
-from jitkey.triton.autotune import PersistentAutotuner, autotune
+
+if TYPE_CHECKING:
+    from jitkey.triton.autotune import PersistentAutotuner, autotune
+
+
+class _Package(types.ModuleType):
+    """This package's module type: :func:`autotune` and :class:`PersistentAutotuner` are imported at first use
+    (a kernel library that only decorates kernels does not pay for the autotuner at import), and the name
+    ``autotune`` stays the function even after the submodule of that name is imported (which binds the
+    submodule to its package's attribute)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("PersistentAutotuner", "autotune"):
+            import importlib
+
+            value = getattr(importlib.import_module("jitkey.triton.autotune"), name)
+            setattr(self, name, value)
+            return value
+        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "autotune" and isinstance(value, types.ModuleType):
+            value = value.autotune
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "PersistentAutotuner",
@@ -90,8 +122,13 @@ def fast_paths() -> dict[str, dict[str, Any]]:
     per kernel, ``cache_stats()["watched_state"]``); ``native_current``: hits read the current device and
     stream through torch's C shim, proven equal to torch's Python getters at the first launch (``on`` is
     ``None`` until then; off under ``JITKEY_NATIVE_CURRENT=0``, without the shim's symbols, or when the proof
-    failed).
+    failed); ``l2``: a launch that misses in memory loads a kernel an earlier process compiled from jitkey's
+    disk index instead of Triton's compile path (opt-in: on under ``JITKEY_TRITON_L2=1``; off for a Triton
+    whose compile and cache code jitkey does not know, or without a usable disk index; see
+    :mod:`jitkey.triton._l2`).
     """
+    from jitkey.triton import _l2
+
     info = triton_info()
     return {
         "binding": {"on": not plain(), "why": "JITKEY_TRITON=plain" if plain() else None},
@@ -100,6 +137,7 @@ def fast_paths() -> dict[str, dict[str, Any]]:
         "driver_launch": {"on": info.driver_launch_problem is None, "why": info.driver_launch_problem},
         "watched_state": _watched_state(info),
         "native_current": _native_current(),
+        "l2": _l2.status(),
     }
 
 
@@ -137,8 +175,11 @@ def report(top: int = 10) -> dict[str, Any]:
     fallbacks): the share of launches that did not compile and took the fast path), ``driver_launches`` (hits
     that jitkey packed and launched itself), ``launcher_reasons`` (hits a launch plan declined and handed to
     Triton's launcher, by reason), ``unplanned_variants`` (compiled variants without a launch plan, by reason:
-    all their hits use Triton's launcher), ``kept`` (kernels :func:`install` left to Triton, by reason: Triton's
-    own, Inductor's) and the ``busiest`` kernels by launches.
+    all their hits use Triton's launcher), ``l2_hits`` (misses served from jitkey's disk index: a kernel an earlier
+    process compiled, loaded without Triton's compile path), ``l2_misses`` (misses the index did not have: Triton
+    compiled or loaded them), ``l2_recorded`` (kernels Triton gave that were recorded for later processes),
+    ``l2_skipped`` (misses left to Triton's path, by reason), ``kept`` (kernels :func:`install` left to Triton, by
+    reason: Triton's own, Inductor's) and the ``busiest`` kernels by launches.
     """
     per_kernel = []
     for ks in registry():
@@ -154,10 +195,15 @@ def report(top: int = 10) -> dict[str, Any]:
                 "driver_launches": s["driver_launches"],
                 "launcher_reasons": s["launcher_reasons"],
                 "unplanned_variants": s["unplanned_variants"],
+                "l2_hits": s["l2_hits"],
+                "l2_misses": s["l2_misses"],
+                "l2_recorded": s["l2_recorded"],
+                "l2_skipped": s["l2_skipped"],
                 "busiest": [{"kernel": ks.name, "launches": launches, **counts}],
             }
         )
     out = merge_reports(per_kernel, top)
+    out["kernels"] = kernels_made()  # every kernel made, used or not (only used ones have statistics)
     out["kept"] = dict(kept)
     return out
 
@@ -166,6 +212,8 @@ def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
     """Sum fast-path reports (of several kernels, or of several processes' :func:`report`) into one."""
     out: dict[str, Any] = {"kernels": 0, "launches": 0, "hits": 0, "misses": 0, "fallbacks": 0}
     driver = 0
+    l2 = {"l2_hits": 0, "l2_misses": 0, "l2_recorded": 0}
+    l2_skipped: dict[str, int] = {}
     reasons: dict[str, int] = {}
     launcher: dict[str, int] = {}
     unplanned: dict[str, int] = {}
@@ -181,6 +229,10 @@ def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
             launcher[why] = launcher.get(why, 0) + n
         for why, n in r.get("unplanned_variants", {}).items():
             unplanned[why] = unplanned.get(why, 0) + n
+        for k in l2:  # reports of older jitkey versions lack the L2 counts
+            l2[k] += r.get(k, 0)
+        for why, n in r.get("l2_skipped", {}).items():
+            l2_skipped[why] = l2_skipped.get(why, 0) + n
         for why, n in r.get("kept", {}).items():
             kept_[why] = kept_.get(why, 0) + n
         for b in r["busiest"]:
@@ -193,6 +245,8 @@ def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
     out["driver_launches"] = driver
     out["launcher_reasons"] = dict(sorted(launcher.items(), key=lambda kv: -kv[1]))
     out["unplanned_variants"] = dict(sorted(unplanned.items(), key=lambda kv: -kv[1]))
+    out.update(l2)
+    out["l2_skipped"] = dict(sorted(l2_skipped.items(), key=lambda kv: -kv[1]))
     out["kept"] = dict(sorted(kept_.items(), key=lambda kv: -kv[1]))
     ranked = sorted(busiest.items(), key=lambda kv: -kv[1]["launches"])[:top]
     out["busiest"] = [{"kernel": name, **d} for name, d in ranked]

@@ -20,6 +20,7 @@ from typing import Any
 
 from jitkey._core import _LaunchPlan
 from jitkey.errors import ArgumentError
+from jitkey.triton import _installation
 
 
 class Unkeyable(ArgumentError):
@@ -35,66 +36,136 @@ class Unkeyable(ArgumentError):
 
 
 class TritonInfo:
-    """What this package needs from the installed Triton, or why it cannot have it (``problem``)."""
+    """What this package needs from the installed Triton, or why it cannot have it (``problem``).
+
+    What is read from Triton's source (``inspect``: the knob reads of ``JITFunction.run``, the launcher's code)
+    is computed once per installation: :func:`jitkey.triton._installation.memo` keeps it under the identity of
+    the code it read, so a fresh process reads it back, and code patched at run time is inspected again.
+    """
 
     def __init__(self) -> None:
         import triton
         from triton import knobs
         from triton.runtime.jit import JITFunction
 
-        self.problem: str | None = None
         self.version = str(getattr(triton, "__version__", "?"))
         self.JITFunction = JITFunction
         #: ``JITFunction.run`` as it was when it was inspected; a later patch of it turns the fast path off.
         self.run = JITFunction.run
         self.knobs = knobs
         self.HookChain: type | None = getattr(knobs, "HookChain", None)
-        self.knob_reads: list[tuple[str, str, str]] = []  # (kwarg name, knobs section, attribute)
-        self.checks_stages_hook = False
+        #: The names ``JITFunction.run`` takes for itself (``grid``, ``warmup``): a keyword argument of a launch
+        #: with one of these names is never bound to a kernel parameter (Triton raises or consumes it), so such
+        #: a call always takes Triton's own path.
+        self.run_keywords: tuple[str, ...] = tuple(
+            p.name
+            for p in inspect.signature(JITFunction.run).parameters.values()
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            and p.name != "self"
+        )
+        facts = _installation.memo(
+            "triton_info", _inspected_identity(self.version), lambda: _inspect(self.version)
+        )
+        self.problem: str | None = facts["problem"]
+        self.knob_reads: list[tuple[str, str, str]] = [(n, s, a) for n, s, a in facts["knob_reads"]]
+        self.checks_stages_hook: bool = facts["checks_stages_hook"]
         # CudaLauncher.__call__ when its code is exactly one this package knows (see _FORWARDING_CALLS),
         # else None: then a hit calls ck.run, never the launcher's C function directly.
         self.launcher_call: Callable[..., Any] | None = None
-        self.launcher_problem: str | None = None
+        self.launcher_problem: str | None = facts["launcher_problem"]
         #: Why hits never pack and launch a kernel themselves (``None``: they do, see ``launch_plan``).
-        self.driver_launch_problem: str | None = "not inspected"
+        self.driver_launch_problem: str | None = facts["driver_launch_problem"]
         #: The launcher code jitkey's launch plans mirror (``_KNOWN_LAUNCHER_CODE``: "3.6" or "3.9"), and
         #: ``CudaLauncher.__call__`` as inspected with it (a launcher whose ``__call__`` is another gets no plan).
-        self.launch_dialect: str | None = None
+        self.launch_dialect: str | None = facts["launch_dialect"]
         self.plan_call: Callable[..., Any] | None = None
-        try:
-            src = inspect.getsource(JITFunction.run)
-        except Exception as exc:  # no source: never fast-path
-            self.problem = f"cannot read JITFunction.run ({type(exc).__name__}: {exc})"
-            return
-        self.problem = self._scan_run(src)
-        self.launcher_call, self.launcher_problem = _known_launcher_call(self.version)
-        self.launch_dialect, self.plan_call, self.driver_launch_problem = _driver_launch(self.version)
+        if facts["forwarding_call"] or self.launch_dialect is not None:
+            from triton.backends.nvidia.driver import CudaLauncher
 
-    def _scan_run(self, src: str) -> str | None:
-        """Read ``JITFunction.run``'s per-call knob reads; anything unexpected disables the fast path."""
-        for name, rhs in re.findall(r"kwargs\[\s*[\"'](\w+)[\"']\s*\]\s*=\s*(.+)", src):
-            rhs = rhs.strip()
-            if name == "debug":
-                if rhs != 'kwargs.get("debug", self.debug) or knobs.runtime.debug':
-                    return f"triton {self.version}: unexpected debug rule in JITFunction.run: {rhs}"
-                continue
-            m = re.fullmatch(r"knobs\.(\w+)\.(\w+)", rhs)
-            if m is None:
-                return f"triton {self.version}: JITFunction.run sets kwargs[{name!r}] = {rhs} (unknown rule)"
-            self.knob_reads.append((name, m.group(1), m.group(2)))
-        known = {("runtime", a) for a in ("debug", "launch_enter_hook", "launch_exit_hook")}
-        known |= {("runtime", "add_stages_inspection_hook")} | {(s, a) for _, s, a in self.knob_reads}
-        for ref in sorted(set(re.findall(r"knobs\.(\w+)\.(\w+)", src)) - known):
-            return f"triton {self.version}: JITFunction.run reads knobs.{ref[0]}.{ref[1]} (unknown to jitkey)"
-        self.checks_stages_hook = "add_stages_inspection_hook" in src
-        for needed in ("self.pre_run_hooks", "self.used_global_vals", "kernel.run(", "launch_metadata"):
-            if needed not in src:
-                return f"triton {self.version}: JITFunction.run no longer uses {needed}"
-        if "grid(bound_args)" not in src:
-            return f"triton {self.version}: JITFunction.run calls a callable grid differently"
-        if "self.device_caches[device]" not in src or "kernel_cache.get(key" not in src:
-            return f"triton {self.version}: JITFunction.run keeps its kernels differently"
-        return None
+            if facts["forwarding_call"]:
+                self.launcher_call = CudaLauncher.__call__
+            if self.launch_dialect is not None:
+                self.plan_call = CudaLauncher.__dict__["__call__"]
+        if self.problem is None and os.environ.get("JITKEY_DRIVER_LAUNCH", "").strip() == "0":
+            self.launch_dialect, self.plan_call, self.driver_launch_problem = (
+                None,
+                None,
+                "JITKEY_DRIVER_LAUNCH=0",
+            )
+
+
+def _inspect(version: str) -> dict[str, Any]:
+    """Everything :class:`TritonInfo` reads from Triton's source (JSON-able, for the per-installation memo)."""
+    from triton.runtime.jit import JITFunction
+
+    facts: dict[str, Any] = {
+        "problem": None,
+        "knob_reads": [],
+        "checks_stages_hook": False,
+        "forwarding_call": False,
+        "launcher_problem": None,
+        "launch_dialect": None,
+        "driver_launch_problem": "not inspected",
+    }
+    try:
+        src = inspect.getsource(JITFunction.run)
+    except Exception as exc:  # no source: never fast-path
+        facts["problem"] = f"cannot read JITFunction.run ({type(exc).__name__}: {exc})"
+        return facts
+    facts["problem"], facts["knob_reads"], facts["checks_stages_hook"] = _scan_run(src, version)
+    call, facts["launcher_problem"] = _known_launcher_call(version)
+    facts["forwarding_call"] = call is not None
+    facts["launch_dialect"], facts["driver_launch_problem"] = _launcher_code(version)
+    return facts
+
+
+def _inspected_identity(version: str) -> bytes:
+    """The identity of everything :func:`_inspect` reads (see ``_installation.code_identity``)."""
+    from triton.runtime.jit import JITFunction
+
+    objs: list[Any] = [version, JITFunction.run]
+    files: list[str] = []
+    try:
+        from triton.backends.nvidia import driver as nv
+
+        objs += [nv.CudaLauncher, *_launcher_code_parts(nv)]
+        if not hasattr(nv, "make_launcher"):
+            files.append(os.path.join(nv.dirname, "driver.c"))
+    except Exception as exc:  # no nvidia backend: the inspection records why
+        objs.append(f"{type(exc).__name__}: {exc}")
+    return _installation.code_identity(objs, files)
+
+
+def _scan_run(src: str, version: str) -> tuple[str | None, list[tuple[str, str, str]], bool]:
+    """Read ``JITFunction.run``'s per-call knob reads: ``(problem, knob_reads, checks_stages_hook)``; anything
+    unexpected is a problem (the fast path is off)."""
+    knob_reads: list[tuple[str, str, str]] = []  # (kwarg name, knobs section, attribute)
+
+    def fail(why: str) -> tuple[str | None, list[tuple[str, str, str]], bool]:
+        return f"triton {version}: {why}", [], False
+
+    for name, rhs in re.findall(r"kwargs\[\s*[\"'](\w+)[\"']\s*\]\s*=\s*(.+)", src):
+        rhs = rhs.strip()
+        if name == "debug":
+            if rhs != 'kwargs.get("debug", self.debug) or knobs.runtime.debug':
+                return fail(f"unexpected debug rule in JITFunction.run: {rhs}")
+            continue
+        m = re.fullmatch(r"knobs\.(\w+)\.(\w+)", rhs)
+        if m is None:
+            return fail(f"JITFunction.run sets kwargs[{name!r}] = {rhs} (unknown rule)")
+        knob_reads.append((name, m.group(1), m.group(2)))
+    known = {("runtime", a) for a in ("debug", "launch_enter_hook", "launch_exit_hook")}
+    known |= {("runtime", "add_stages_inspection_hook")} | {(s, a) for _, s, a in knob_reads}
+    for ref in sorted(set(re.findall(r"knobs\.(\w+)\.(\w+)", src)) - known):
+        return fail(f"JITFunction.run reads knobs.{ref[0]}.{ref[1]} (unknown to jitkey)")
+    for needed in ("self.pre_run_hooks", "self.used_global_vals", "kernel.run(", "launch_metadata"):
+        if needed not in src:
+            return fail(f"JITFunction.run no longer uses {needed}")
+    if "grid(bound_args)" not in src:
+        return fail("JITFunction.run calls a callable grid differently")
+    if "self.device_caches[device]" not in src or "kernel_cache.get(key" not in src:
+        return fail("JITFunction.run keeps its kernels differently")
+    return None, knob_reads, "add_stages_inspection_hook" in src
 
 
 # The code of CudaLauncher.__call__ (whitespace-normalized, comments dropped) in the Triton versions jitkey knows.
@@ -158,21 +229,26 @@ def launcher_code_digest() -> str:
     """
     from triton.backends.nvidia import driver as nv
 
-    if hasattr(nv, "make_launcher"):
-        parts = [_normalized_source(f) for f in (nv.ty_to_cpp, nv.make_launcher, nv.wrap_handle_tensordesc)]
-        parts += [_normalized_source(nv.CudaLauncher)]
-        parts += [repr(x) for x in (nv.FLOAT_STORAGE_TYPE, nv.FLOAT_PACK_FUNCTION, nv._BASE_ARGS_FORMAT)]
-    else:
-        from triton.backends import driver as base
-
-        helpers = (nv.make_kernel_signature, nv.annotate_arguments, nv.wrap_handle_tensordesc)
-        parts = [
-            _normalized_source(f) for f in (*helpers, base.expand_signature, base.wrap_handle_tensordesc_impl)
-        ]
-        parts += [_normalized_source(nv.CudaLauncher)]
+    parts = [x if isinstance(x, str) else _normalized_source(x) for x in _launcher_code_parts(nv)]
+    parts.insert(-1 if hasattr(nv, "make_launcher") else len(parts), _normalized_source(nv.CudaLauncher))
+    if not hasattr(nv, "make_launcher"):
         with open(os.path.join(nv.dirname, "driver.c"), "rb") as f:
             parts += [hashlib.sha256(f.read()).hexdigest()]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _launcher_code_parts(nv: Any) -> list[Any]:
+    """The functions (and, under 3.6, the tables as one ``repr`` string) :func:`launcher_code_digest` reads
+    besides ``CudaLauncher``."""
+    if hasattr(nv, "make_launcher"):
+        tables = "\n".join(
+            repr(x) for x in (nv.FLOAT_STORAGE_TYPE, nv.FLOAT_PACK_FUNCTION, nv._BASE_ARGS_FORMAT)
+        )
+        return [nv.ty_to_cpp, nv.make_launcher, nv.wrap_handle_tensordesc, tables]
+    from triton.backends import driver as base
+
+    helpers = (nv.make_kernel_signature, nv.annotate_arguments, nv.wrap_handle_tensordesc)
+    return [*helpers, base.expand_signature, base.wrap_handle_tensordesc_impl]
 
 
 def _own_method(cls: type, name: str) -> Any:
@@ -188,27 +264,37 @@ def _own_method(cls: type, name: str) -> Any:
     return f if first <= code.co_firstlineno < first + len(lines) else None
 
 
-def _driver_launch(version: str) -> tuple[str | None, Callable[..., Any] | None, str | None]:
-    """``(dialect, CudaLauncher.__call__, None)`` when hits may launch kernels themselves, else ``(None, None, why not)``."""
-    if os.environ.get("JITKEY_DRIVER_LAUNCH", "").strip() == "0":
-        return None, None, "JITKEY_DRIVER_LAUNCH=0"
+def _launcher_code(version: str) -> tuple[str | None, str | None]:
+    """``(dialect, None)`` when the installed launcher is code jitkey's plans mirror and ``CudaLauncher.__call__``
+    is its own, else ``(None, why not)`` (from the source: see :class:`TritonInfo`)."""
     try:
         from triton.backends.nvidia.driver import CudaLauncher
 
         digest = launcher_code_digest()
         call = _own_method(CudaLauncher, "__call__")
     except Exception as exc:  # no nvidia backend, no source
-        return None, None, f"no readable CUDA launcher code ({type(exc).__name__}: {exc})"
+        return None, f"no readable CUDA launcher code ({type(exc).__name__}: {exc})"
     dialect = _KNOWN_LAUNCHER_CODE.get(digest)
     if dialect is None:
         return (
             None,
-            None,
             f"triton {version}: the CUDA launcher's code is not one jitkey mirrors (hits use Triton's launcher)",
         )
     if call is None:
-        return None, None, f"triton {version}: CudaLauncher.__call__ is not its own code (patched or wrapped)"
-    return dialect, call, None
+        return None, f"triton {version}: CudaLauncher.__call__ is not its own code (patched or wrapped)"
+    return dialect, None
+
+
+def _driver_launch(version: str) -> tuple[str | None, Callable[..., Any] | None, str | None]:
+    """``(dialect, CudaLauncher.__call__, None)`` when hits may launch kernels themselves, else ``(None, None, why not)``."""
+    if os.environ.get("JITKEY_DRIVER_LAUNCH", "").strip() == "0":
+        return None, None, "JITKEY_DRIVER_LAUNCH=0"
+    dialect, why = _launcher_code(version)
+    if dialect is None:
+        return None, None, why
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    return dialect, CudaLauncher.__dict__["__call__"], None
 
 
 @functools.cache
@@ -248,7 +334,8 @@ def launch_plan(ck: Any, run: Any, nparams: int) -> tuple[_LaunchPlan | None, st
     dialect = info.launch_dialect
     if info.driver_launch_problem is not None or dialect is None:
         return None, info.driver_launch_problem
-    if type(run).__call__ is not info.plan_call:
+    lazy = type(run) is LazyLauncher36 and dialect == "3.6"
+    if type(run).__call__ is not info.plan_call and not lazy:
         return None, "ck.run is not the CUDA launcher jitkey knows"
     try:
         sig = ck.src.signature
@@ -268,6 +355,9 @@ def launch_plan(ck: Any, run: Any, nparams: int) -> tuple[_LaunchPlan | None, st
             if run.kernel_signature != nv.make_kernel_signature(list(sig.values())):
                 return None, "Triton's launcher packs another signature than the compiled kernel's"
             profile_allocator = _ProfileScratch39()
+        elif lazy:
+            if LazyLauncher36.wraps(sig):
+                return None, "Triton's launcher wraps this kernel's launch (tensor descriptors)"
         elif type(run.launch) is not types.BuiltinFunctionType:
             return None, "Triton's launcher wraps this kernel's launch (tensor descriptors)"
 
@@ -288,6 +378,52 @@ def launch_plan(ck: Any, run: Any, nparams: int) -> tuple[_LaunchPlan | None, st
     except (AttributeError, TypeError, ValueError, OverflowError, RuntimeError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
     return plan, None
+
+
+class LazyLauncher36:
+    """Triton 3.6's ``CudaLauncher`` of a compiled kernel that jitkey launches itself (a kernel its disk index
+    gave, see ``jitkey.triton._l2``): the fields ``CudaLauncher.__init__`` sets from the metadata, for the
+    launch plan, and the C launcher (generated, compiled or loaded from Triton's cache, imported) built only
+    at the first call that needs it: a launch the plan declines, Triton's own path, ``ck[grid]``."""
+
+    __slots__ = (
+        "_ck",
+        "_real",
+        "global_scratch_align",
+        "global_scratch_size",
+        "launch_cooperative_grid",
+        "launch_pdl",
+        "num_ctas",
+        "profile_scratch_align",
+        "profile_scratch_size",
+    )
+
+    def __init__(self, ck: Any) -> None:
+        md = ck.metadata  # as CudaLauncher.__init__ (3.6.0) reads it
+        self._ck = ck
+        self._real: Any = None
+        self.num_ctas = getattr(md, "num_ctas", 1)
+        self.global_scratch_size = md.global_scratch_size
+        self.global_scratch_align = md.global_scratch_align
+        self.profile_scratch_size = md.profile_scratch_size
+        self.profile_scratch_align = md.profile_scratch_align
+        self.launch_cooperative_grid = md.launch_cooperative_grid
+        self.launch_pdl = md.launch_pdl
+
+    @staticmethod
+    def wraps(signature: dict[str, Any]) -> bool:
+        """Whether 3.6's ``wrap_handle_tensordesc`` wraps the launch of a kernel of this signature."""
+        return any(isinstance(t, str) and t.startswith("tensordesc") for t in signature.values())
+
+    def __call__(self, *args: Any) -> Any:
+        real = self._real
+        if real is None:
+            from triton.runtime.driver import driver
+
+            ck = self._ck
+            real = self._real = driver.active.launcher_cls(ck.src, ck.metadata)
+            ck._run = real
+        return real(*args)
 
 
 class _ProfileScratch39:

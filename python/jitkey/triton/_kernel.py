@@ -18,7 +18,7 @@ from typing import Any
 from triton.runtime.jit import JITFunction
 from triton.runtime.jit import jit as _TRITON_JIT
 
-from jitkey._core import LruCache, Signature, _KernelBase, _TritonEntry, _TritonLauncher, _watch_bump
+from jitkey._core import MISS, LruCache, Signature, _KernelBase, _TritonEntry, _TritonLauncher, _watch_bump
 from jitkey.errors import GlobalsChangedError, JitKeyError
 from jitkey.triton import _installed, _watch
 from jitkey.triton._installed import Unkeyable, launch_plan, launch_target, triton_info
@@ -45,11 +45,28 @@ class KernelStats:
     variants have no launch plan at all (``unplanned_variants``: variants, by reason; their hits all go
     through Triton's launcher)."""
 
-    __slots__ = ("_cache", "_plans", "fallbacks", "final", "name", "unplanned")
+    __slots__ = (
+        "_cache",
+        "_plans",
+        "fallbacks",
+        "final",
+        "l2_hits",
+        "l2_misses",
+        "l2_recorded",
+        "l2_skipped",
+        "name",
+        "unplanned",
+    )
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.fallbacks: Counter[str] = Counter()
+        #: The L2 (jitkey._l2): misses it served from jitkey's disk index, misses it did not have (Triton's path
+        #: ran, and what it gave was recorded: ``l2_recorded``), and misses it left to Triton, by reason.
+        self.l2_hits = 0
+        self.l2_misses = 0
+        self.l2_recorded = 0
+        self.l2_skipped: Counter[str] = Counter()
         #: Compiled variants of this kernel that hits cannot launch themselves, by reason.
         self.unplanned: Counter[str] = Counter()
         self._plans: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -93,7 +110,15 @@ class KernelStats:
             else:
                 cs = {"hits": 0, "misses": 0, "entries": 0}
             cs.update(self._launch_counts())
-        return {**cs, "fallbacks": sum(self.fallbacks.values()), "fallback_reasons": dict(self.fallbacks)}
+        return {
+            **cs,
+            "fallbacks": sum(self.fallbacks.values()),
+            "fallback_reasons": dict(self.fallbacks),
+            "l2_hits": self.l2_hits,
+            "l2_misses": self.l2_misses,
+            "l2_recorded": self.l2_recorded,
+            "l2_skipped": dict(self.l2_skipped),
+        }
 
     def _freeze(self) -> None:  # the kernel is gone: keep the numbers, not its cache
         if self._cache is not None:
@@ -104,14 +129,26 @@ class KernelStats:
             self._plans = weakref.WeakKeyDictionary()
 
 
-_registry_lock = threading.Lock()
+_registry_lock = threading.RLock()
 _registry: list[KernelStats] = []
+_made = [0]  # jitkey kernels made in this process (decorated, copied, unpickled)
 
 
 def registry() -> list[KernelStats]:
-    """Every jitkey kernel made in this process (its statistics; the kernels may be gone)."""
+    """Every jitkey kernel of this process that was launched or inspected (its statistics; the kernels may be
+    gone). A kernel gets its statistics at its first use, not at decoration."""
     with _registry_lock:
         return list(_registry)
+
+
+def kernels_made() -> int:
+    """How many jitkey kernels this process made (decorated, copied or unpickled), used or not."""
+    return _made[0]
+
+
+def _count_made() -> None:
+    with _registry_lock:
+        _made[0] += 1
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -130,9 +167,20 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
     :meth:`cache_stats`, :meth:`key_of` and :attr:`fast_path_problem`.
     """
 
+    # jitkey's own part of a kernel before its first use: class attributes, so that decoration (and a copy, an
+    # unpickling) costs what a JITFunction costs; the first launch or inspection makes the rest (_jk_prepare).
+    _jk_ready = False
+    _jk_launch: Callable[..., Any] | None = None
+    _jk_launcher: _TritonLauncher | None = None
+    _jk_key_launcher: Any = None
+    _jk_problem: str | None = None
+    _jk_sig: Signature | None = None
+    _jk_cache: LruCache | None = None
+    _jk_stats: KernelStats = None  # type: ignore[assignment]  # made by _jk_prepare
+
     def __init__(self, fn: Any, *args: Any, **kwargs: Any) -> None:
         JITFunction.__init__(self, fn, *args, **kwargs)
-        self._jk_reset()
+        _count_made()
 
     @classmethod
     def _of(cls, jit_fn: Any) -> TritonKernel:
@@ -164,7 +212,7 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         """Restore a ``JITFunction``'s state and start jitkey's part afresh (an empty cache, made at the first
         launch). Works on the stripped state Inductor's ``prepare_for_pickle`` leaves (``fn`` set to None)."""
         self.__dict__.update(state)
-        self._jk_reset()
+        _count_made()
         _watch_bump()  # the state was written around __setattr__
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
@@ -193,34 +241,25 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         k.__setstate__(self.__getstate__())
         return k
 
-    def _jk_reset(self) -> None:
-        """jitkey's own part, empty. Only what is cheap happens here (decoration, copies, unpickling); the
-        static checks, the ``Signature`` and the cache are made at the first use (:meth:`_jk_prepare`)."""
-        self._jk_lock = threading.Lock()
-        self._jk_launch: Callable[..., Any] | None = None
-        self._jk_launcher: _TritonLauncher | None = None
-        self._jk_key_launcher: Any = None
-        self._jk_ugv_src: object = None
-        self._jk_ugv_snap: list[list[Any]] = []
-        self._jk_logged: set[str] = set()
-        self._jk_ready = False
-        self._jk_problem: str | None = None
-        self._jk_sig: Signature | None = None
-        self._jk_cache: LruCache | None = None
-        d = self.__dict__  # JITFunction keeps the function's names there (fn itself may be None: see above)
-        self._jk_stats = KernelStats(f"{d.get('__module__')}:{d.get('__qualname__')}")
-        with _registry_lock:
-            _registry.append(self._jk_stats)
-        weakref.finalize(self, self._jk_stats._freeze)
-
     def _jk_prepare(self) -> None:
-        """Once per kernel, at the first launch (or :attr:`fast_path_problem`, :meth:`key_of`): the static
-        checks, the ``Signature`` of its parameters and its cache."""
+        """Once per kernel, at the first launch (or :attr:`fast_path_problem`, :meth:`key_of`,
+        :meth:`cache_stats`): jitkey's own state and statistics, the static checks, the ``Signature`` of its
+        parameters and its cache."""
         if self._jk_ready:
             return
-        with self._jk_lock:
+        with _registry_lock:
             if self._jk_ready:
                 return
+            self._jk_lock = threading.Lock()
+            self._jk_ugv_src: object = None
+            self._jk_ugv_snap: list[list[Any]] = []
+            self._jk_logged: set[str] = set()
+            # JITFunction keeps the function's names in __dict__ (fn itself may be None: see __setstate__)
+            d = self.__dict__
+            stats = KernelStats(f"{d.get('__module__')}:{d.get('__qualname__')}")
+            _registry.append(stats)
+            weakref.finalize(self, stats._freeze)
+            self._jk_stats = stats
             problem = self._check_static()
             if problem is None:
                 try:
@@ -229,7 +268,7 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
                     problem = f"{type(exc).__name__}: {exc}"
             if problem is None:
                 self._jk_cache = LruCache(_CAPACITY)
-                self._jk_stats._cache = self._jk_cache
+                stats._cache = self._jk_cache
             self._jk_problem = problem
             self._jk_ready = True
 
@@ -263,15 +302,20 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
 
     # -- jitkey's API ----------------------------------------------------------------------------------
     def cache_stats(self) -> dict[str, Any]:
-        """``hits``, ``misses``, ``entries``, ``fallbacks`` (total) and ``fallback_reasons`` ({reason: n}), and
-        ``watched_state``: how the launches read Triton's state (``watched``: calls that reused the kept state,
-        ``reads``: times it was read from the objects, ``unwatched``: why the last read was not kept; ``None``
-        before the first launch)."""
+        """``hits``, ``misses``, ``entries``, ``fallbacks`` (total) and ``fallback_reasons`` ({reason: n});
+        ``remote_compile``: the process's remote compile cache counters (``jitkey.triton.remote_cache.stats``:
+        compiled files served from the Redis tier, absent, refused, stored); ``watched_state``: how the launches
+        read Triton's state (``watched``: calls that reused the kept state, ``reads``: times it was read from the
+        objects, ``unwatched``: why the last read was not kept; ``None`` before the first launch)."""
+        from jitkey.triton import remote_cache
+
+        problem = self.fast_path_problem
         launcher = self._jk_launcher
         state = None if launcher is None else dict(launcher.state_counts())
         return {
             **self._jk_stats.snapshot(),
-            "fast_path_problem": self.fast_path_problem,
+            "fast_path_problem": problem,
+            "remote_compile": remote_cache.stats(),
             "watched_state": state,
         }
 
@@ -363,13 +407,36 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         return self._jk_fallback(str(reason), grid, args, kwargs)
 
     def _jk_miss(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
-        """A miss: Triton runs the call; returns (what Triton returned, the entry to store or None)."""
+        """A miss: returns ``(what Triton returned, the entry to store or None)``, or ``(MISS, entry)`` for a
+        kernel jitkey's disk index gave (:mod:`jitkey.triton._l2`), which the launcher launches as a hit.
+        Otherwise Triton runs the call (compiling if needed), and what it compiled is recorded for the L2."""
+        from jitkey.triton import _l2  # at the first miss: not an import-time cost
+
+        rt, launcher = _installed.runtime, self._jk_launcher
+        l2 = None
+        if type(rt) is _installed.Runtime and launcher is not None:
+            l2 = _l2.lookup(self, launcher, rt.get_device(), args, kwargs)
+        if isinstance(l2, _l2.Loaded):
+            entry = self._jk_entry(l2.ck, (l2.kcache, l2.tkey))
+            if entry is not None:
+                return MISS, entry
+            l2 = None  # Triton's path launches the kernel it now holds
         ck = self._jk_triton_run(*args, grid=grid, warmup=False, **kwargs)
         if ck is None:  # a knobs.runtime.jit_cache_hook vetoed the compile (Triton launched nothing)
             self._jk_stats.fallbacks["jit_cache_hook vetoed the compile"] += 1
             return None, None
         if hasattr(ck, "result"):  # async compile future
             ck = ck.result()
+        where = self._jk_where(ck)
+        if l2 is not None:
+            _l2.record(self, l2, ck, None if where is None else where[1])
+        if where is None:  # not provably Triton's cached kernel: no entry (the next call asks Triton again)
+            return ck, None
+        return ck, self._jk_entry(ck, where)
+
+    def _jk_entry(self, ck: Any, where: tuple[dict[Any, Any], Any]) -> Any:
+        """The ``_TritonEntry`` of a compiled kernel Triton keeps at ``where`` (``None``, counted, if it lacks
+        what a hit needs)."""
         try:
             if hasattr(ck, "_init_handles"):
                 ck._init_handles()
@@ -377,16 +444,13 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
             ck.launch_metadata  # noqa: B018 - must exist for the hook path
         except AttributeError as exc:
             self._jk_stats.fallbacks[f"CompiledKernel lacks {exc.name or exc}"] += 1
-            return ck, None
+            return None
         if function is None:
             self._jk_stats.fallbacks["CompiledKernel.function is None after _init_handles"] += 1
-            return ck, None
-        where = self._jk_where(ck)
-        if where is None:  # not provably Triton's cached kernel: no entry (the next call asks Triton again)
-            return ck, None
+            return None
         target, mid = launch_target(run, pm)
         plan = self._jk_stats.plan_for(ck, len(self.params))
-        return ck, _TritonEntry(ck, target, function, mid, *where, plan)
+        return _TritonEntry(ck, target, function, mid, *where, plan)
 
     def _jk_where(self, ck: Any) -> tuple[dict[Any, Any], Any] | None:
         """``(kernel_cache, key)``: where Triton keeps ``ck`` for the current device (see ``_TritonEntry``)."""
@@ -585,10 +649,14 @@ def install() -> None:
     """Route every kernel decorated from now on with ``triton.jit`` (``triton.jit``,
     ``triton.runtime.jit.jit``) through jitkey. Kernels defined in Triton's own modules, and the kernels torch's
     Inductor generates, stay Triton's (counted by reason in ``report()["kept"]``); kernels decorated before
-    the call are unchanged. Idempotent; undone by :func:`uninstall`."""
+    the call are unchanged. With ``JITKEY_REMOTE_CACHE`` set and no cache manager configured, Triton's compile
+    cache becomes :class:`jitkey.triton.remote_cache.TieredCacheManager` (local files first, then the Redis
+    tier; see that module for what it trusts). Idempotent; undone by :func:`uninstall`."""
     global _saved
     import triton
     from triton.runtime import jit as jit_module
+
+    from jitkey.triton import remote_cache
 
     with _install_lock:
         if _saved is not None:
@@ -597,11 +665,14 @@ def install() -> None:
         _saved = [(obj, name, getattr(obj, name)) for obj, name in targets]
         for obj, name in targets:
             setattr(obj, name, _routed_jit)
+        remote_cache._wire()
 
 
 def uninstall() -> None:
     """Undo :func:`install` (kernels already made stay jitkey kernels)."""
     global _saved
+    from jitkey.triton import remote_cache
+
     with _install_lock:
         if _saved is None:
             return
@@ -609,6 +680,7 @@ def uninstall() -> None:
             if getattr(obj, name, None) is _routed_jit:
                 setattr(obj, name, value)
         _saved = None
+        remote_cache._unwire()
 
 
 def installed() -> bool:

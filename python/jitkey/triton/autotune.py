@@ -60,13 +60,16 @@ import json
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from jitkey._core import DiskIndex, LruCache, digest, encode
-from jitkey.env import env_key
 from jitkey.errors import ArgumentError, JitKeyError
-from jitkey.fnkey import function_key
-from jitkey.remote import RemoteIndex, TieredIndex, default_index
+
+if TYPE_CHECKING:
+    from jitkey.remote import RemoteIndex, TieredIndex
+
+# jitkey.env, jitkey.fnkey and jitkey.remote are imported where they are used: ``import jitkey.triton`` (every
+# kernel library's import) then does not pay for them unless an autotuner is made.
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "PersistentAutotuner", "autotune"]
 
@@ -82,6 +85,8 @@ _QUANTILES: Final = (0.5, 0.2, 0.8)
 
 def _get_default_index() -> DiskIndex | TieredIndex:
     """``DiskIndex()``, or a ``TieredIndex`` over it with ``$JITKEY_REMOTE_CACHE`` set (jitkey.remote)."""
+    from jitkey.remote import default_index
+
     return default_index()
 
 
@@ -94,6 +99,8 @@ def _kernel_key(fn: Any) -> tuple[Any, ...]:
     """The content key tree of a kernel interface (TritonKernel / JITFunction / Heuristics chain)."""
     from triton.runtime.autotuner import Autotuner, Heuristics
     from triton.runtime.jit import JITFunction
+
+    from jitkey.fnkey import function_key
 
     if isinstance(fn, JITFunction):  # a jitkey.triton.TritonKernel is one too
         return ("jit", function_key(fn))
@@ -117,6 +124,8 @@ def _base_name(fn: Any) -> str:
 def _hook_key(hook: Any, what: str) -> Any:
     if hook is None:
         return None
+    from jitkey.fnkey import function_key
+
     try:
         return function_key(hook)
     except JitKeyError as exc:
@@ -324,6 +333,8 @@ class PersistentAutotuner:
         self._bench_fn: Callable[..., Any] | None = None
         self._launcher = launcher or _default_launcher
 
+        from jitkey.remote import RemoteIndex, TieredIndex
+
         if index is None:
             self._index: DiskIndex | TieredIndex | RemoteIndex | None = _get_default_index()
         elif index is False:
@@ -382,6 +393,8 @@ class PersistentAutotuner:
     def _env_digest(self, device: int) -> bytes:
         d = self._env.get(device)
         if d is None:
+            from jitkey.env import env_key
+
             d = digest(env_key(device=True if device < 0 else device))
             self._env[device] = d
         return d

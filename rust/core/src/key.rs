@@ -1,10 +1,10 @@
-//! Canonical key encoding (format v1), its persistent digest and the in-memory fast hash.
+//! Canonical key encoding (format v2), its persistent digest and the in-memory fast hash.
 //!
 //! A key is a tree of leaves: `None`, `bool`, `int` (any size), `float` (bit-exact, one canonical
 //! NaN), `str`, `bytes`, `tuple` (nested), the framework leaves `dtype` and `device`, and
-//! `object` (a user type's `__jitkey__()` value, tagged with the type's qualified name).
+//! `object` (a user type's `__jitkey__()` value, tagged with the type's module and qualified name).
 //!
-//! # Format v1
+//! # Format v2
 //!
 //! Every leaf starts with a one-byte tag; payloads are fixed-width little-endian, and every
 //! variable-length item carries a length prefix, so the encoding is prefix-free and therefore
@@ -23,7 +23,7 @@
 //! | `0x08` | tuple | u32 LE item count, then each item |
 //! | `0x09` | dtype | u8 length, ASCII name without the `torch.` prefix (`float32`) |
 //! | `0x0A` | device | u8 length, device type (`cuda`), then i64 LE index (−1 when none) |
-//! | `0x0B` | object | u16 LE length, `module.qualname` of the type, then its `__jitkey__()` value |
+//! | `0x0B` | object | u16 LE length + the type's `__module__` (UTF-8), u16 LE length + its `__qualname__`, then its `__jitkey__()` value |
 //!
 //! Tags `0x10..=0x3F` are reserved for signature leaves (tensor metadata, Triton buckets); a
 //! signature's encoding starts with its own header, so it never equals a plain value's encoding.
@@ -32,22 +32,31 @@
 //! Python's `hashlib.blake2b(data, digest_size=32)`) over [`DIGEST_DOMAIN`] followed by the
 //! encoding. Changing the format means a new domain string, so old persistent keys simply miss.
 //! `tests/vectors/keys.json` pins the format: `cargo test` and pytest both fail when it drifts.
+//!
+//! # Versions
+//!
+//! * v1: an object's type was one field, `module.qualname` (`builtins` and, in `Signature`'s named
+//!   tuples, `__main__` left out). Both parts may contain dots, so a class `K` in module `pkg.sub` and a
+//!   class `sub.K` in module `pkg` shared a key.
+//! * v2: module and qualname are two length-prefixed fields, always both written. The domain changed
+//!   with it, so every v1 digest misses once (recomputed and stored under its v2 digest); no v1 key can
+//!   equal a v2 key.
 
 use std::fmt;
 use std::hash::BuildHasher;
 
 /// Version of the canonical encoding. Bumped (with [`DIGEST_DOMAIN`]) on any format change.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Prefix hashed before every encoding in [`digest`]: separates jitkey's keys from any other
 /// blake2b use and carries the format version.
-pub const DIGEST_DOMAIN: &[u8] = b"jitkey/key/v1\0";
+pub const DIGEST_DOMAIN: &[u8] = b"jitkey/key/v2\0";
 
 /// Deepest nesting of tuples and `__jitkey__` values accepted; deeper trees are rejected with
 /// [`EncodeError::TooDeep`] instead of overflowing the stack.
 pub const MAX_DEPTH: usize = 64;
 
-/// Leaf tags of format v1.
+/// Leaf tags of format v2.
 pub mod tag {
     /// `None`.
     pub const NONE: u8 = 0x00;
@@ -97,7 +106,8 @@ pub enum EncodeError {
         /// The limit that was exceeded.
         limit: usize,
     },
-    /// A dtype or device name that is not short ASCII, or a type name over 65535 bytes.
+    /// A dtype or device name that is not short ASCII, or a type's module or qualname that is empty
+    /// or over 65535 bytes.
     BadName {
         /// What kind of name.
         what: &'static str,
@@ -107,7 +117,7 @@ pub enum EncodeError {
     /// A big-int payload that is empty or fits in i64 (whose one encoding is the i64 form).
     BadBigInt,
     /// Metadata a signature leaf cannot hold (more than 255 tensor dims, strides of another rank
-    /// than the shape, an int outside Triton's range); the text says which.
+    /// than the shape, an int outside the range Triton specializes); the text says which.
     BadLeaf(&'static str),
 }
 
@@ -344,19 +354,25 @@ impl Encoder {
         Ok(())
     }
 
-    /// Starts a `__jitkey__` object of type `type_name` (`module.qualname`); the caller then
-    /// writes exactly one value, the object's key.
+    /// Starts a `__jitkey__` object whose type is `qualname` in `module` (each its own
+    /// length-prefixed field, so no split of a dotted name is ambiguous); the caller then writes
+    /// exactly one value, the object's key.
     ///
     /// # Errors
-    /// [`EncodeError::BadName`] if the name is empty or longer than 65535 bytes.
-    pub fn object_header(&mut self, type_name: &str) -> Result<(), EncodeError> {
-        let len = u16::try_from(type_name.len())
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| EncodeError::BadName { what: "type", name: type_name.to_owned() })?;
+    /// [`EncodeError::BadName`] if either name is empty or longer than 65535 bytes.
+    pub fn object_header(&mut self, module: &str, qualname: &str) -> Result<(), EncodeError> {
+        let field = |what: &'static str, name: &str| {
+            u16::try_from(name.len())
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| EncodeError::BadName { what, name: name.to_owned() })
+        };
+        let (m, q) = (field("type module", module)?, field("type qualname", qualname)?);
         self.buf.push(tag::OBJECT);
-        self.buf.extend_from_slice(&len.to_le_bytes());
-        self.buf.extend_from_slice(type_name.as_bytes());
+        self.buf.extend_from_slice(&m.to_le_bytes());
+        self.buf.extend_from_slice(module.as_bytes());
+        self.buf.extend_from_slice(&q.to_le_bytes());
+        self.buf.extend_from_slice(qualname.as_bytes());
         Ok(())
     }
 
@@ -438,8 +454,8 @@ pub enum Value {
     Dtype(String),
     /// A device type and index.
     Device(String, Option<i64>),
-    /// A `__jitkey__` object: type name and its key value.
-    Object(String, Box<Value>),
+    /// A `__jitkey__` object: its type's module and qualname, and its key value.
+    Object(String, String, Box<Value>),
 }
 
 impl Value {
@@ -482,8 +498,8 @@ impl Value {
             }
             Value::Dtype(d) => e.dtype(d)?,
             Value::Device(t, i) => e.device(t, *i)?,
-            Value::Object(name, v) => {
-                e.object_header(name)?;
+            Value::Object(module, qualname, v) => {
+                e.object_header(module, qualname)?;
                 v.encode_depth(e, depth + 1)?;
             }
         }
@@ -511,7 +527,7 @@ impl Value {
             (Value::Tuple(a), Value::Tuple(b)) => {
                 a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same_key(y))
             }
-            (Value::Object(n1, v1), Value::Object(n2, v2)) => n1 == n2 && v1.same_key(v2),
+            (Value::Object(m1, q1, v1), Value::Object(m2, q2, v2)) => m1 == m2 && q1 == q2 && v1.same_key(v2),
             (Value::Int(_) | Value::BigInt(_), Value::Int(_) | Value::BigInt(_)) => {
                 self.encode().ok() == other.encode().ok()
             }
@@ -604,7 +620,7 @@ mod tests {
 
     #[test]
     fn digest_matches_reference_blake2b() {
-        // hashlib.blake2b(b"jitkey/key/v1\x00" + b"\x00", digest_size=32).hexdigest()
+        // hashlib.blake2b(b"jitkey/key/v2\x00" + b"\x00", digest_size=32).hexdigest()
         let d = digest(&[tag::NONE]);
         assert_eq!(d.len(), 32);
         assert_ne!(d, digest(&[tag::FALSE]));
@@ -621,10 +637,25 @@ mod tests {
     }
 
     #[test]
+    fn module_and_qualname_are_separate_fields() {
+        // Format v1 wrote "pkg.sub.K" for both: a class K of pkg.sub and a class sub.K of pkg.
+        let one = Value::Object("pkg.sub".into(), "K".into(), Box::new(Value::None));
+        let two = Value::Object("pkg".into(), "sub.K".into(), Box::new(Value::None));
+        assert_ne!(one.encode().unwrap(), two.encode().unwrap());
+        assert!(!one.same_key(&two));
+        let enc = one.encode().unwrap();
+        assert_eq!(&enc[..3], &[tag::OBJECT, 7, 0]);
+        assert_eq!(&enc[3..10], b"pkg.sub");
+        assert_eq!(&enc[10..13], &[1, 0, b'K']);
+    }
+
+    #[test]
     fn names_are_validated() {
         assert!(Encoder::new().dtype("").is_err());
         assert!(Encoder::new().dtype("flöat").is_err());
         assert!(Encoder::new().device(&"x".repeat(256), None).is_err());
-        assert!(Encoder::new().object_header("").is_err());
+        assert!(Encoder::new().object_header("", "K").is_err());
+        assert!(Encoder::new().object_header("m", "").is_err());
+        assert!(Encoder::new().object_header(&"m".repeat(65536), "K").is_err());
     }
 }

@@ -6,12 +6,12 @@
 //! # Encoding of a call under a signature
 //!
 //! ```text
-//! header  = 0x10, u32 LE plan length, plan bytes, extra (a format-v1 value encoding)
+//! header  = 0x10, u32 LE plan length, plan bytes, extra (a value in the key encoding)
 //! key     = header, then for each parameter in order the leaf its rule writes
 //! ```
 //!
 //! The plan bytes describe every rule (see [`Rule::describe`]), so two signatures with different
-//! rules never share keys; `extra` is a prefix-free v1 encoding. Each rule writes a
+//! rules never share keys; `extra` is a prefix-free key encoding. Each rule writes a
 //! self-delimiting leaf whose layout is fixed by the rule, and rules that dispatch on the
 //! argument's type ([`Rule::ByType`]) start every alternative with a distinct tag. Together that
 //! makes the encoding injective: equal bytes ⇔ same signature, same extra, same leaves.
@@ -25,9 +25,9 @@
 //! | `0x14` | float, keyed by type only | – |
 //! | `0x15` | list (by-type rules) | u32 LE item count, then each item |
 //! | `0x16` | bool, keyed by type only | – |
-//! | `0x18` | tuple subclass: named tuple, `torch.Size` (by-type rules) | the v1 encoding of `(type name, field names)`, u32 LE item count, then each item |
+//! | `0x18` | tuple subclass: named tuple, `torch.Size` (by-type rules) | the key encoding of `((module, qualname), field names)`, u32 LE item count, then each item |
 //!
-//! Rules keyed by value (int value, float value, bool, None, constexpr, any) write plain v1 leaves.
+//! Rules keyed by value (int value, float value, bool, None, constexpr, any) write plain key-encoding leaves.
 
 use crate::key::{tag as vtag, EncodeError, Encoder, Value};
 
@@ -51,8 +51,8 @@ pub mod tag {
     /// (u16 LE) and the alignment bit. Written only into in-memory keys (the Triton launcher's
     /// cache), never into a `Signature`'s encodings; never decoded or persisted.
     pub const TENSOR_IN_PROCESS: u8 = 0x17;
-    /// A tuple subclass (a named tuple, `torch.Size`) under a by-type rule with tuples: the v1
-    /// encoding of `(qualified type name, field names)`, then the items as for a tuple.
+    /// A tuple subclass (a named tuple, `torch.Size`) under a by-type rule with tuples: the key
+    /// encoding of `((module, qualname), field names)`, then the items as for a tuple.
     pub const NAMEDTUPLE: u8 = 0x18;
 }
 
@@ -286,7 +286,7 @@ impl ByType {
 }
 
 /// The header every key of a signature starts with: tag, the plan's description, then `extra`
-/// (a complete v1 encoding).
+/// (a complete key encoding).
 ///
 /// # Errors
 /// [`EncodeError::TooLong`] if the plan description exceeds 2**32 − 1 bytes.
@@ -357,8 +357,11 @@ pub fn bucket_dim(size: i64) -> u8 {
 // The binding reads Python objects and hands what it read to these writers, borrowed: every leaf's
 // byte layout lives here, next to its decoder, and nothing is copied or allocated per call.
 
-/// Why an int cannot be keyed under [`IntMode::Triton`].
-pub const TRITON_RANGE_ERROR: &str = "int outside Triton's range [-2**63, 2**64) (Triton cannot pass it)";
+/// Why an int cannot be keyed under [`IntMode::Triton`]: what Triton itself does with it (its
+/// specialization raises `OverflowError`; parameters annotated `fp*`/`bf*`/`u1`, whose ints Triton
+/// converts, are keyed by [`IntMode::Type`] instead and never get here).
+pub const TRITON_RANGE_ERROR: &str = "int outside [-2**63, 2**64), the range Triton specializes ints over \
+     (Triton's specialization raises OverflowError for it)";
 
 /// A tensor's sizes or strides, read as the writer goes (no copy): a slice for metadata already in
 /// memory, or the binding's view of a Python tuple, whose reads may fail (`Error`).
@@ -502,10 +505,10 @@ pub fn write_tensor_in_process(enc: &mut Encoder, dtype_index: u16, aligned: boo
     enc.raw(&[tag::TENSOR_IN_PROCESS, lo, hi, u8::from(aligned)]);
 }
 
-/// Writes an int leaf under `mode` (a v1 int for [`IntMode::Value`]).
+/// Writes an int leaf under `mode` (a plain int for [`IntMode::Value`]).
 ///
 /// # Errors
-/// [`EncodeError::BadLeaf`] for an int Triton cannot pass under [`IntMode::Triton`].
+/// [`EncodeError::BadLeaf`] for an int outside the range Triton specializes under [`IntMode::Triton`].
 #[inline]
 pub fn write_int(enc: &mut Encoder, mode: IntMode, v: i128) -> Result<(), EncodeError> {
     match mode {
@@ -520,7 +523,7 @@ pub fn write_int(enc: &mut Encoder, mode: IntMode, v: i128) -> Result<(), Encode
     Ok(())
 }
 
-/// Writes a float leaf: its v1 encoding when `value` is keyed, else the type-only tag.
+/// Writes a float leaf: its key encoding when `value` is keyed, else the type-only tag.
 #[inline]
 pub fn write_float(enc: &mut Encoder, value: bool, v: f64) {
     if value {
@@ -530,7 +533,7 @@ pub fn write_float(enc: &mut Encoder, value: bool, v: f64) {
     }
 }
 
-/// Writes a bool leaf: its v1 encoding when `value` is keyed, else the type-only tag.
+/// Writes a bool leaf: its key encoding when `value` is keyed, else the type-only tag.
 #[inline]
 pub fn write_bool(enc: &mut Encoder, value: bool, v: bool) {
     if value {
@@ -540,7 +543,7 @@ pub fn write_bool(enc: &mut Encoder, value: bool, v: bool) {
     }
 }
 
-/// Starts a tuple (`list == false`: the v1 tuple tag) or list ([`tag::LIST`]) of `len` items under
+/// Starts a tuple (`list == false`: the tuple tag) or list ([`tag::LIST`]) of `len` items under
 /// a by-type rule; the caller then writes exactly `len` items.
 ///
 /// # Errors
@@ -553,20 +556,24 @@ pub fn write_sequence_header(enc: &mut Encoder, list: bool, len: usize) -> Resul
     Ok(())
 }
 
-/// Starts a tuple subclass ([`tag::NAMEDTUPLE`]): the v1 encoding of `(type_name, fields)` (a str
-/// and a tuple of strs), then `len` as for a tuple; the caller then writes exactly `len` items.
+/// Starts a tuple subclass ([`tag::NAMEDTUPLE`]): the key encoding of `((module, qualname), fields)`
+/// (the type's `__module__` and `__qualname__` as two strs, as a `__jitkey__` object's type is
+/// written, and a tuple of strs), then `len` as for a tuple; the caller then writes exactly `len` items.
 ///
 /// # Errors
 /// A str or tuple too long for a key, or the first failed read of `fields`.
 pub fn write_namedtuple_header<'f, E: From<EncodeError>>(
     enc: &mut Encoder,
-    type_name: &str,
+    module: &str,
+    qualname: &str,
     fields: impl ExactSizeIterator<Item = Result<&'f str, E>>,
     len: usize,
 ) -> Result<(), E> {
     enc.raw_u8(tag::NAMEDTUPLE);
     enc.tuple_header(2)?;
-    enc.str(type_name)?;
+    enc.tuple_header(2)?;
+    enc.str(module)?;
+    enc.str(qualname)?;
     enc.tuple_header(fields.len())?;
     for f in fields {
         enc.str(f?)?;
@@ -629,7 +636,7 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Decodes one v1 value (the inverse of [`Value::encode`], up to NaN canonicalisation).
+/// Decodes one value of the key encoding (the inverse of [`Value::encode`], up to NaN canonicalisation).
 fn decode_value(r: &mut Reader<'_>) -> Result<Value, DecodeError> {
     let t = r.u8()?;
     Ok(match t {
@@ -673,9 +680,12 @@ fn decode_value(r: &mut Reader<'_>) -> Result<Value, DecodeError> {
             Value::Device(ty, (idx >= 0).then_some(idx))
         }
         vtag::OBJECT => {
-            let n = u16::from_le_bytes(r.take(2)?.try_into().expect("2 bytes")) as usize;
-            let name = String::from_utf8_lossy(r.take(n)?).into_owned();
-            Value::Object(name, Box::new(decode_value(r)?))
+            let mut field = || -> Result<String, DecodeError> {
+                let n = u16::from_le_bytes(r.take(2)?.try_into().expect("2 bytes")) as usize;
+                Ok(String::from_utf8_lossy(r.take(n)?).into_owned())
+            };
+            let (module, qualname) = (field()?, field()?);
+            Value::Object(module, qualname, Box::new(decode_value(r)?))
         }
         other => return Err(DecodeError(format!("unknown value tag {other:#04x}"))),
     })

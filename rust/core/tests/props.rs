@@ -21,8 +21,9 @@ fn tree() -> impl Strategy<Value = Value> {
     leaf().prop_recursive(4, 32, 5, |inner| {
         prop_oneof![
             proptest::collection::vec(inner.clone(), 0..5).prop_map(Value::Tuple),
-            (prop_oneof![Just("m.A"), Just("m.B")], inner)
-                .prop_map(|(n, v)| Value::Object(n.into(), Box::new(v))),
+            // Dotted modules and qualnames that split one dotted name two ways ("m.a.B").
+            (prop_oneof![Just("m"), Just("m.a")], prop_oneof![Just("B"), Just("a.B"), Just("A")], inner)
+                .prop_map(|(m, q, v)| Value::Object(m.into(), q.into(), Box::new(v))),
         ]
     })
 }

@@ -34,7 +34,7 @@ enum Arg {
     Bool(bool),
     None,
     Seq { list: bool, items: Vec<Arg> },
-    Named { ty: &'static str, fields: Vec<&'static str>, items: Vec<Arg> },
+    Named { ty: (&'static str, &'static str), fields: Vec<&'static str>, items: Vec<Arg> },
 }
 
 // ---- strategies --------------------------------------------------------------------------------
@@ -163,7 +163,8 @@ fn arg_by_type(b: &ByType, depth: u32) -> BoxedStrategy<Arg> {
         if b.lists {
             alts.push(items.clone().prop_map(|items| Arg::Seq { list: true, items }).boxed());
         }
-        let ty = prop_oneof![Just("m.Point"), Just("torch.Size")];
+        // (module, qualname): one dotted name split two ways must key apart.
+        let ty = prop_oneof![Just(("m", "a.B")), Just(("m.a", "B")), Just(("torch", "Size"))];
         let fields = vec(prop_oneof![Just("x"), Just("y")], 0..3);
         alts.push(
             (ty, fields, items).prop_map(|(ty, fields, items)| Arg::Named { ty, fields, items }).boxed(),
@@ -226,7 +227,7 @@ fn write_by_type(enc: &mut Encoder, b: &ByType, arg: &Arg) {
         }
         Arg::Named { ty, fields, items } => {
             let names = fields.iter().map(|f| Ok::<_, jitkey_core::key::EncodeError>(*f));
-            write_namedtuple_header(enc, ty, names, items.len()).unwrap();
+            write_namedtuple_header(enc, ty.0, ty.1, names, items.len()).unwrap();
             for it in items {
                 write_by_type(enc, b.items.as_deref().unwrap_or(b), it);
             }
@@ -352,8 +353,8 @@ fn by_type_components(b: &ByType, arg: &Arg) -> Vec<Component> {
         }
         Arg::Named { ty, fields, items } => {
             let names = Value::Tuple(fields.iter().map(|f| Value::Str((*f).into())).collect());
-            let mut c =
-                vec![kind("namedtuple"), ("type", Value::Tuple(vec![Value::Str((*ty).into()), names]))];
+            let ty = Value::Tuple(vec![Value::Str(ty.0.into()), Value::Str(ty.1.into())]);
+            let mut c = vec![kind("namedtuple"), ("type", Value::Tuple(vec![ty, names]))];
             c.extend(items_of(items));
             c
         }

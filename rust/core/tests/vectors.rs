@@ -1,4 +1,4 @@
-//! The committed test vectors (`tests/vectors/keys.json`) pin key format v1: any accidental change
+//! The committed test vectors (`tests/vectors/keys.json`) pin the key format: any accidental change
 //! to the encoding or the digest fails here (and in pytest, which checks the same file).
 
 use jitkey_core::key::{digest, Value, DIGEST_DOMAIN, FORMAT_VERSION};
@@ -21,9 +21,11 @@ fn value_from(spec: &Json) -> Value {
         "tuple" => Value::Tuple(spec["v"].as_array().unwrap().iter().map(value_from).collect()),
         "dtype" => Value::Dtype(spec["v"].as_str().unwrap().to_owned()),
         "device" => Value::Device(spec["type"].as_str().unwrap().to_owned(), spec["index"].as_i64()),
-        "object" => {
-            Value::Object(spec["type"].as_str().unwrap().to_owned(), Box::new(value_from(&spec["v"])))
-        }
+        "object" => Value::Object(
+            spec["module"].as_str().unwrap().to_owned(),
+            spec["qualname"].as_str().unwrap().to_owned(),
+            Box::new(value_from(&spec["v"])),
+        ),
         other => panic!("unknown vector type {other}"),
     }
 }

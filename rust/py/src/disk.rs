@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex, Weak};
 
 #[cfg(feature = "fault-injection")]
 use jitkey_core::disk::Fault;
-use jitkey_core::disk::{default_dir, Access, DiskError, DiskIndex, Durability, Options, Probe, MAX_VALUE};
+use jitkey_core::disk::{
+    default_dir, verify, Access, DiskError, DiskIndex, Durability, Options, Probe, VerifyError, MAX_VALUE,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyType};
@@ -382,8 +384,56 @@ impl PyDiskIndex {
     }
 }
 
+/// `jitkey cache verify`'s check (see `jitkey_core::disk::verify`): every record of the log in
+/// `path` as committed when the call starts, read under the writers' lock (shared, for the length
+/// only; waiting at most `lock_wait` seconds). Creates and writes nothing.
+///
+/// Returns ``path``, ``locked``, ``snapshot_bytes``, ``valid_bytes``, ``unvalidated_bytes``,
+/// ``records``, ``entries``, ``live_bytes``, ``generation``; or ``path`` and ``problem`` when the file
+/// is not a usable index. Raises ``FileNotFoundError`` when there is none, ``OSError`` when it
+/// cannot be read.
+#[pyfunction]
+#[pyo3(signature = (path, lock_wait = 10.0))]
+fn _verify_index(py: Python<'_>, path: PathBuf, lock_wait: f64) -> PyResult<Bound<'_, PyDict>> {
+    let wait = std::time::Duration::try_from_secs_f64(lock_wait).map_err(|_| {
+        PyValueError::new_err(format!("lock_wait must be a number of seconds >= 0, got {lock_wait}"))
+    })?;
+    let res = py.detach(|| verify(&path, wait));
+    let d = PyDict::new(py);
+    match res {
+        Ok(v) => {
+            d.set_item("path", &v.path)?;
+            d.set_item("locked", v.locked)?;
+            for (k, x) in [
+                ("snapshot_bytes", v.snapshot_bytes),
+                ("valid_bytes", v.valid_bytes),
+                ("unvalidated_bytes", v.unvalidated_bytes()),
+                ("records", v.records),
+                ("entries", v.entries),
+                ("live_bytes", v.live_bytes),
+                ("generation", v.generation),
+            ] {
+                d.set_item(k, x)?;
+            }
+        }
+        Err(VerifyError::Missing) => {
+            return Err(pyo3::exceptions::PyFileNotFoundError::new_err(format!(
+                "no index in {}",
+                path.display()
+            )))
+        }
+        Err(VerifyError::Io(e)) => return Err(e.into()),
+        Err(e @ VerifyError::Header(_)) => {
+            d.set_item("path", path.join(jitkey_core::disk::log_name()))?;
+            d.set_item("problem", e.to_string())?;
+        }
+    }
+    Ok(d)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyDiskIndex>()?;
+    m.add_function(wrap_pyfunction!(_verify_index, m)?)?;
     let hook = wrap_pyfunction!(_after_fork_in_child, m)?;
     m.add_function(hook.clone())?;
     let py = m.py();

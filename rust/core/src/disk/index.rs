@@ -24,7 +24,7 @@ use super::view::{DigestHash, View};
 pub(super) const LOCK_NAME: &str = "index.lock";
 
 /// The live log's name (the format major is part of it: another major is another file).
-pub(super) fn log_name() -> String {
+pub fn log_name() -> String {
     format!("index.v{FORMAT_MAJOR}.jki")
 }
 

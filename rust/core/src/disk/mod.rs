@@ -19,6 +19,7 @@
 //! * `append`: the file lock, padding, appends and their fallbacks.
 //! * `compact`: compaction, eviction, `clear`, and creating or quarantining the log file.
 //! * `stats`: the counters and their [`Stats`] snapshot.
+//! * `verify`: [`verify()`], every record of one consistent snapshot (`jitkey cache verify`).
 //! * `fault`: crash points for the crash tests (only with the `fault-injection` feature).
 //! * `tests`: unit tests of the whole.
 //!
@@ -41,12 +42,15 @@ mod stats;
 #[cfg(test)]
 mod tests;
 mod trust;
+mod verify;
 mod view;
 
 #[cfg(feature = "fault-injection")]
 pub use fault::Fault;
 pub use format::{Digest, MAX_VALUE};
 pub use index::{
-    default_dir, Access, DiskError, DiskIndex, Durability, Mode, Options, Probe, PutOutcome, WarningKind,
+    default_dir, log_name, Access, DiskError, DiskIndex, Durability, Mode, Options, Probe, PutOutcome,
+    WarningKind,
 };
 pub use stats::Stats;
+pub use verify::{verify, Verified, VerifyError};

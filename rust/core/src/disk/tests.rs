@@ -216,3 +216,62 @@ fn foreign_and_corrupt_files() {
     assert_eq!(fs::read(d.join(log_name())).unwrap(), h.encode());
     fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn verify_reads_one_committed_snapshot_while_others_append() {
+    use super::verify::{verify, VerifyError};
+    let d = tmpdir("verify");
+    assert!(matches!(verify(&d, Duration::from_secs(1)), Err(VerifyError::Missing)));
+    let idx = DiskIndex::open(&d, Options::default());
+    for i in 0..100 {
+        idx.put(&k(i), &vec![i as u8; 300]).unwrap();
+    }
+    let writers: Vec<_> = (0..2)
+        .map(|w| {
+            let d = d.clone();
+            std::thread::spawn(move || {
+                // Its own instance: another process, as far as the file and the lock go.
+                let idx = DiskIndex::open(&d, Options::default());
+                for i in (0..600).map(|i| 10_000 * (w + 1) + 2 * i) {
+                    idx.put_many(&[(k(i), &[7u8; 900][..]), (k(i + 1), &[8u8; 40][..])]).unwrap();
+                }
+            })
+        })
+        .collect();
+    let mut checks = 0;
+    while checks == 0 || writers.iter().any(|w| !w.is_finished()) {
+        let v = verify(&d, Duration::from_secs(5)).unwrap();
+        assert!(v.locked);
+        assert_eq!(v.unvalidated_bytes(), 0, "{v:?}");
+        assert!(v.entries >= 100);
+        checks += 1;
+    }
+    for w in writers {
+        w.join().unwrap();
+    }
+    assert_eq!(verify(&d, Duration::from_secs(5)).unwrap().entries, 100 + 2 * 1200);
+    fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn verify_reports_a_torn_tail_and_an_unlocked_snapshot() {
+    use super::verify::verify;
+    let d = tmpdir("verify-torn");
+    let idx = DiskIndex::open(&d, Options::default());
+    idx.put(&k(1), b"one").unwrap();
+    let v = verify(&d, Duration::from_secs(1)).unwrap();
+    assert_eq!((v.entries, v.records, v.unvalidated_bytes(), v.locked), (1, 1, 0, true));
+    let path = idx.path().to_path_buf();
+    let good = fs::metadata(&path).unwrap().len();
+    let mut rec = Vec::new();
+    encode_record(&mut rec, TYPE_PUT, 99, &k(2), b"two");
+    OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&rec[..37], good).unwrap();
+    let v = verify(&d, Duration::from_secs(1)).unwrap();
+    assert_eq!((v.valid_bytes, v.unvalidated_bytes(), v.locked), (good, 37, true));
+    // A writer holding the lock past the wait: the snapshot is taken unlocked, and says so.
+    let holder = File::open(d.join(LOCK_NAME)).unwrap();
+    flock(&holder, FlockOperation::LockExclusive).unwrap();
+    let v = verify(&d, Duration::from_millis(20)).unwrap();
+    assert!(!v.locked);
+    fs::remove_dir_all(&d).unwrap();
+}

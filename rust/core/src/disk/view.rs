@@ -198,7 +198,7 @@ pub(super) fn ident_of(m: &fs::Metadata) -> Ident {
 
 /// Reads `[from, to)` in chunks and calls `f` for each valid record in order; returns the end of
 /// the valid prefix (the first invalid or incomplete record stops the scan).
-fn scan(file: &File, from: u64, to: u64, mut f: impl FnMut(u64, parsed::Rec)) -> io::Result<u64> {
+pub(super) fn scan(file: &File, from: u64, to: u64, mut f: impl FnMut(u64, parsed::Rec)) -> io::Result<u64> {
     let mut pos = from;
     let mut buf = Vec::new();
     while pos < to {
@@ -221,7 +221,7 @@ fn scan(file: &File, from: u64, to: u64, mut f: impl FnMut(u64, parsed::Rec)) ->
     Ok(pos)
 }
 
-mod parsed {
+pub(super) mod parsed {
     pub struct Rec<'a> {
         pub ty: u8,
         pub seq: u64,
@@ -230,7 +230,7 @@ mod parsed {
     }
 }
 
-fn read_full_at(file: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
+pub(super) fn read_full_at(file: &File, buf: &mut [u8], off: u64) -> io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match file.read_at(&mut buf[n..], off + n as u64) {

@@ -1,4 +1,4 @@
-//! Python value → canonical encoding (format v1, see `jitkey_core::key`).
+//! Python value → canonical encoding (format v2, see `jitkey_core::key`).
 //!
 //! The walk dispatches on the *exact* type of each object, so a subclass can never smuggle in its
 //! own `__eq__`/`__hash__`/`__str__`; nothing is ever keyed through `repr()` or `str()`.
@@ -22,7 +22,7 @@ use jitkey_core::key::{EncodeError, Encoder, FastHashState, MAX_DEPTH};
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyType};
+use pyo3::types::{PyBytes, PyDict, PyString, PyType};
 
 use crate::errors::{KeyDepthError, KeyLengthError, UnsupportedKeyError};
 use crate::torch::{device_of, dtype_name, torch_kind, TorchError, TorchKind};
@@ -213,22 +213,27 @@ pub(crate) type WalkResult<T = ()> = Result<T, WalkError>;
 const UNSUPPORTED_WHY: &str = "jitkey keys None, bool, int, float, str, bytes, tuple, torch.dtype, \
      torch.device and objects defining __jitkey__(); subclasses of builtins need __jitkey__() too";
 
-/// `module.qualname` of a `__jitkey__` object's type, as `_reference._type_name` spells it: only
-/// `builtins` is left out. (PyO3's `fully_qualified_name` also drops `__main__`, which made a class
-/// of the main script share keys with a module's class of the same dotted name.)
-fn object_type_name(ty: &Bound<'_, PyType>) -> PyResult<String> {
+/// A type's identity in keys: its `__module__` and `__qualname__`, two separate fields (key format
+/// v2). Both may contain dots, so no single dotted string names a type unambiguously (a class `K` of
+/// module `pkg.sub` and a class `sub.K` of module `pkg`), and nothing is left out (`builtins`,
+/// `__main__`). Shared by `__jitkey__` objects and by `Signature`'s named tuples.
+///
+/// # Errors
+/// [`WalkError`] (an `UnsupportedKeyError`) when either attribute is missing or is not an exact
+/// `str`: anything else would have to be keyed through its `str()`, which is how names collide.
+pub(crate) fn type_identity(ty: &Bound<'_, PyType>) -> WalkResult<(String, String)> {
     let py = ty.py();
-    let module = ty.getattr(intern!(py, "__module__"))?;
-    let module = module.str()?;
-    let module = module.to_str()?;
-    let qualname = ty.getattr(intern!(py, "__qualname__"))?;
-    let qualname = qualname.str()?;
-    let qualname = qualname.to_str()?;
-    Ok(if module == "builtins" || module == "__builtin__" {
-        qualname.to_owned()
-    } else {
-        format!("{module}.{qualname}")
-    })
+    let field = |name: &Bound<'_, PyString>| -> WalkResult<String> {
+        let v = ty.getattr(name)?;
+        match v.cast_exact::<PyString>() {
+            Ok(s) => Ok(s.to_str()?.to_owned()),
+            Err(_) => Err(WalkError::new(WalkErrorKind::Unsupported {
+                type_name: format!("type with a non-str {name}"),
+                why: "a type's __module__ and __qualname__ must be str to key it",
+            })),
+        }
+    };
+    Ok((field(intern!(py, "__module__"))?, field(intern!(py, "__qualname__"))?))
 }
 
 /// A `torch.dtype` / `torch.device` (exact type checked by `torch_kind`), named through the
@@ -401,8 +406,8 @@ fn walk_other(
     if depth >= MAX_DEPTH {
         return Err(EncodeError::TooDeep { limit: MAX_DEPTH }.into());
     }
-    let type_name = object_type_name(&ty)?;
-    enc.object_header(&type_name)?;
+    let (module, qualname) = type_identity(&ty)?;
+    enc.object_header(&module, &qualname)?;
     let value = match adapter {
         Some(f) => f.bind(py).call1((obj,)),
         None => obj.call_method0(intern!(py, "__jitkey__")),

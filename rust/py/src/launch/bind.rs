@@ -133,12 +133,24 @@ fn name_utf8<'a>(p: *mut ffi::PyObject) -> &'a [u8] {
     }
 }
 
+/// What a keyword argument names.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kw {
+    /// A parameter (its index).
+    Param(usize),
+    /// A launch option.
+    Opt,
+    /// One of `JITFunction.run`'s own keywords (`grid`, `warmup`): never bound (Triton's path
+    /// raises or consumes it).
+    Run,
+}
+
 /// How one tuple of keyword names binds.
 pub(super) struct KwPlan {
     /// The `kwnames` tuple this plan is for, kept alive so that no other tuple can have its address.
     kwnames: Py<PyAny>,
-    /// Per keyword position: the parameter it names, or `None` (a launch option).
-    slots: Box<[Option<usize>]>,
+    /// Per keyword position: what it names.
+    slots: Box<[Kw]>,
     /// The options' keyword positions, sorted by name.
     order: Box<[usize]>,
     /// The options' names as the key encodes them, in `order` (each ends at its offset), or `None`
@@ -258,13 +270,18 @@ impl Launcher {
                 }
                 Found::New => None,
             };
+            let run = |k: *mut ffi::PyObject| {
+                let name = borrowed(py, k).to_string();
+                format!("'{name}' is a keyword argument of JITFunction.run itself, never a kernel argument")
+            };
             if let Some(plan) = plan {
-                for (&j, &v) in plan.slots.iter().zip(kw_values) {
-                    let Some(j) = j else { continue };
-                    if j < nargs || !slots[j].is_null() {
-                        return Err(twice(j));
+                for ((&kw, &v), &k) in plan.slots.iter().zip(kw_values).zip(kw_names) {
+                    match kw {
+                        Kw::Run => return Err(run(k)),
+                        Kw::Param(j) if j < nargs || !slots[j].is_null() => return Err(twice(j)),
+                        Kw::Param(j) => slots[j] = v,
+                        Kw::Opt => {}
                     }
-                    slots[j] = v;
                 }
                 for &i in plan.order.iter() {
                     b.opts.push((kw_names[i], kw_values[i]));
@@ -272,10 +289,11 @@ impl Launcher {
                 b.plan = Some(plan);
             } else {
                 for (&k, &v) in kw_names.iter().zip(kw_values) {
-                    match self.param_of(py, k) {
-                        Some(j) if j < nargs || !slots[j].is_null() => return Err(twice(j)),
-                        Some(j) => slots[j] = v,
-                        None => b.opts.push((k, v)),
+                    match self.keyword(py, k) {
+                        Kw::Run => return Err(run(k)),
+                        Kw::Param(j) if j < nargs || !slots[j].is_null() => return Err(twice(j)),
+                        Kw::Param(j) => slots[j] = v,
+                        Kw::Opt => b.opts.push((k, v)),
                     }
                 }
                 b.opts.sort();
@@ -292,8 +310,8 @@ impl Launcher {
         kwnames: *mut ffi::PyObject,
         kw_names: &[*mut ffi::PyObject],
     ) -> KwPlan {
-        let slots: Box<[Option<usize>]> = kw_names.iter().map(|&k| self.param_of(py, k)).collect();
-        let mut order: Vec<usize> = (0..kw_names.len()).filter(|&i| slots[i].is_none()).collect();
+        let slots: Box<[Kw]> = kw_names.iter().map(|&k| self.keyword(py, k)).collect();
+        let mut order: Vec<usize> = (0..kw_names.len()).filter(|&i| slots[i] == Kw::Opt).collect();
         order.sort_unstable_by(|&a, &b| name_utf8(kw_names[a]).cmp(name_utf8(kw_names[b])));
         let mut enc = Encoder::from_vec(Vec::new());
         let mut ends = Vec::with_capacity(order.len());
@@ -313,9 +331,29 @@ impl Launcher {
         }
     }
 
-    /// The parameter a keyword names, or `None` (a launch option).
-    fn param_of(&self, py: Python<'_>, k: *mut ffi::PyObject) -> Option<usize> {
-        self.names.iter().position(|name| name.as_ptr() == k).or_else(|| self.param_index(py, k))
+    /// What keyword `k` names.
+    fn keyword(&self, py: Python<'_>, k: *mut ffi::PyObject) -> Kw {
+        let by_ptr = self.names.iter().position(|name| name.as_ptr() == k);
+        // An interned name equal to a run keyword is that keyword's object; any other spelling of it is
+        // compared by value (off the usual path: names at a call site are interned).
+        if self.run_keywords.iter().any(|r| r.as_ptr() == k)
+            || (by_ptr.is_none() && self.is_run_keyword(py, k))
+        {
+            return Kw::Run;
+        }
+        match by_ptr.or_else(|| self.param_index(py, k)) {
+            Some(j) => Kw::Param(j),
+            None => Kw::Opt,
+        }
+    }
+
+    /// Whether keyword `k` (not interned, or not a parameter's name) spells a run keyword.
+    #[cold]
+    fn is_run_keyword(&self, py: Python<'_>, k: *mut ffi::PyObject) -> bool {
+        let key = borrowed(py, k);
+        let Ok(key) = key.cast::<PyString>() else { return false };
+        let Ok(key) = key.to_str() else { return false };
+        self.run_keywords.iter().any(|r| r.bind(py).to_str().is_ok_and(|r| r == key))
     }
 
     /// The parameter named `k` (a keyword name that is not one of the interned parameter names

@@ -9,8 +9,9 @@
 //!
 //! Everything that is not a plain hit goes back to Python: a miss to `miss(grid, args, kwargs)`
 //! (Triton runs the call and returns `(result, entry or None)`; the entry is stored under the key
-//! computed here), and anything this path does not handle to `fallback(reason, grid, args,
-//! kwargs)` (Triton's own path, counted). The Python side (`jitkey/triton/_kernel.py`) owns the
+//! computed here; `(jitkey.MISS, entry)` means the kernel was found without a launch, from jitkey's
+//! disk index, and is launched here as a hit), and anything this path does not handle to
+//! `fallback(reason, grid, args, kwargs)` (Triton's own path, counted). The Python side (`jitkey/triton/_kernel.py`) owns the
 //! policy: what is safe, what is counted, what an entry holds.
 //!
 //! Modules: `entry` (what a hit launches: `_TritonEntry`), `plan` and `pack` (jitkey's own launch of
@@ -103,6 +104,9 @@ pub(crate) struct Launcher {
     watch: Option<Py<PyDict>>,
     off: Option<Py<PyString>>,
     kept: Kept,
+    /// The names `JITFunction.run` takes for itself (`grid`, `warmup`; interned): a keyword argument
+    /// so named is never bound here (Triton raises `TypeError` for it, or consumes it).
+    run_keywords: Vec<Py<PyString>>,
 }
 
 fn borrowed<'a, 'py>(py: Python<'py>, p: *mut ffi::PyObject) -> Borrowed<'a, 'py, PyAny> {
@@ -155,7 +159,8 @@ fn call_one<'py>(
 }
 
 impl Launcher {
-    /// Writes the key: header, device, knob state, sorted launch options, parameters.
+    /// Writes the key: header, device, knob state, sorted launch options, parameters. `persistent`:
+    /// every leaf as `jitkey.encode` writes it (stable across processes), not the in-process tensor leaf.
     fn encode_key<O>(
         &self,
         py: Python<'_>,
@@ -163,6 +168,7 @@ impl Launcher {
         device: &Bound<'_, PyAny>,
         st: &State<O>,
         b: &BoundArgs,
+        persistent: bool,
     ) -> Result<(), Leave> {
         let sig = self.sig.get();
         sig.encode_header(enc);
@@ -187,8 +193,12 @@ impl Launcher {
             }
             encode_into(&borrowed(py, v), enc).map_err(|e| unkeyable("a launch option", e))?;
         }
-        sig.encode_params_in_process(py, b.params(), enc)
-            .map_err(|e| Leave::Fallback(e.into_value(py).into_any()))?;
+        let params = if persistent {
+            b.params().iter().enumerate().try_for_each(|(i, &p)| sig.encode_param(i, &borrowed(py, p), enc))
+        } else {
+            sig.encode_params_in_process(py, b.params(), enc)
+        };
+        params.map_err(|e| Leave::Fallback(e.into_value(py).into_any()))?;
         Ok(())
     }
 
@@ -346,10 +356,10 @@ impl Launcher {
     /// `_TritonLauncher(kernel, sig, cache, info, runtime, npos, watch, /)`: data only. The
     /// callbacks are the kernel's own methods, found by name: `_jk_miss`, `_jk_native_fallback`,
     /// `_jk_check_globals`; `info` is the `TritonInfo` (`knobs`, `knob_reads`,
-    /// `checks_stages_hook`, `HookChain`); `runtime` has `get_device()` and `get_stream(device)`,
-    /// and optionally `native`: a `_TorchCurrent` proven equal to them (or None); `watch` has
-    /// `problem` (why this launcher reads Triton's state on every call, or None) and `kinds` (see
-    /// `Launcher::watch`).
+    /// `checks_stages_hook`, `HookChain`, `run_keywords`); `runtime` has `get_device()` and
+    /// `get_stream(device)`, and optionally `native`: a `_TorchCurrent` proven equal to them (or
+    /// None); `watch` has `problem` (why this launcher reads Triton's state on every call, or None)
+    /// and `kinds` (see `Launcher::watch`).
     #[new]
     #[pyo3(signature = (kernel, sig, cache, info, runtime, npos, watch, /))]
     #[allow(clippy::too_many_arguments)]
@@ -394,6 +404,11 @@ impl Launcher {
         } else {
             (None, Some(problem.str()?.unbind()))
         };
+        let mut run_keywords = Vec::new();
+        for name in info.getattr("run_keywords")?.try_iter()? {
+            let name: String = name?.extract()?;
+            run_keywords.push(PyString::intern(py, &name).unbind());
+        }
         Ok(Self {
             sig,
             cache,
@@ -417,6 +432,7 @@ impl Launcher {
             watch,
             off,
             kept: Kept::default(),
+            run_keywords,
         })
     }
 
@@ -432,14 +448,16 @@ impl Launcher {
         }
     }
 
-    /// key(args, kwargs, device, /) -> bytes: the key `launch` would use on `device` (no lookup).
-    #[pyo3(signature = (args, kwargs, device, /))]
+    /// key(args, kwargs, device, /, *, persistent=False) -> bytes: the key `launch` would use on
+    /// `device` (no lookup); `persistent`: the same key with every leaf stable across processes.
+    #[pyo3(signature = (args, kwargs, device, /, *, persistent = false))]
     fn key<'py>(
         &self,
         py: Python<'py>,
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
         device: &Bound<'py, PyAny>,
+        persistent: bool,
     ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
         let pos: Vec<*mut ffi::PyObject> = args.iter().map(|a| a.as_ptr()).collect();
         let kw: Vec<(Bound<'py, PyAny>, Bound<'py, PyAny>)> =
@@ -451,8 +469,8 @@ impl Launcher {
             .map_err(|m| ArgumentError::new_err(format!("arguments do not bind: {m}")))?;
         let st = self.state(py)?;
         let encoded = |enc: &mut Encoder| match &st {
-            Current::Kept(s) => self.encode_key(py, enc, device, &**s, &b),
-            Current::Read(s) => self.encode_key(py, enc, device, s, &b),
+            Current::Kept(s) => self.encode_key(py, enc, device, &**s, &b, persistent),
+            Current::Read(s) => self.encode_key(py, enc, device, s, &b, persistent),
         };
         with_encoder(|enc| match encoded(enc) {
             Ok(()) => Ok(pyo3::types::PyBytes::new(py, enc.as_bytes())),
@@ -603,7 +621,7 @@ impl Launcher {
         };
         let (device, index) = self.device(py)?;
         let probe = with_encoder(|enc| -> Result<Probe<'py>, Leave> {
-            self.encode_key(py, enc, &device, st, &b)?;
+            self.encode_key(py, enc, &device, st, &b, false)?;
             let key = enc.as_bytes();
             let h = fast_hash_state().hash(key);
             Ok(match self.cache.get().get_encoded(py, h, key) {
@@ -617,16 +635,29 @@ impl Launcher {
         match probe {
             Ok(Probe::Hit(entry)) => self.launch_hit(py, &entry, &grid, &device, index, st, &b),
             Ok(Probe::Miss(h, key)) => {
-                let (grid, args, kwargs) = call.to_python(py)?;
-                let out = self.miss.bind(py).call1((grid, args, kwargs))?;
+                let (grid_obj, args, kwargs) = call.to_python(py)?;
+                let out = self.miss.bind(py).call1((grid_obj, args, kwargs))?;
                 let (ret, entry): (Bound<'py, PyAny>, Bound<'py, PyAny>) = out.extract()?;
-                if !entry.is_none() {
-                    let entry = entry.cast_into::<Entry>().map_err(|_| {
-                        PyTypeError::new_err(
-                            "jitkey.triton: miss() must return (result, _TritonEntry | None)",
-                        )
-                    })?;
-                    self.cache.get().insert_encoded(h, &key, entry.into_any().unbind());
+                if entry.is_none() {
+                    return Ok(ret);
+                }
+                let entry = entry.cast_into::<Entry>().map_err(|_| {
+                    PyTypeError::new_err("jitkey.triton: miss() must return (result, _TritonEntry | None)")
+                })?;
+                self.cache.get().insert_encoded(h, &key, entry.clone().into_any().unbind());
+                // `(MISS, entry)`: the miss found the kernel without launching it (jitkey's disk index):
+                // it is launched now, as a hit.
+                if ret.is(crate::signature::miss(py).bind(py)) {
+                    // Triton's state as it is now (the miss ran Python code: a compile may have set the
+                    // kernel's used_global_vals, for one).
+                    return match self.state(py)? {
+                        Current::Kept(s) => {
+                            self.launch_hit(py, entry.as_any(), &grid, &device, index, &*s, &b)
+                        }
+                        Current::Read(s) => {
+                            self.launch_hit(py, entry.as_any(), &grid, &device, index, &s, &b)
+                        }
+                    };
                 }
                 Ok(ret)
             }

@@ -12,8 +12,9 @@
 //!   it and masks others: jitkey does not guess which), in 3.9 the range of the C type its extractor
 //!   reads (`long`, `unsigned long`, ...), truncated to the parameter's width as C converts it.
 //!   Everything else is declined.
-//! - floats: floats, and ints that fit in 64 bits (converted as `float(x)` converts them). fp16 is
-//!   packed as `PyFloat_Pack2` packs it; NaN, infinities and fp16 overflow are declined.
+//! - floats: floats, and exact ints of any size (converted as `float(x)` converts them; one too large
+//!   for a double, where CPython raises, is declined). fp16 is packed as `PyFloat_Pack2` packs it; NaN,
+//!   infinities and fp16 overflow are declined.
 //! - constexpr and specialized-away arguments: skipped, as Triton skips them; tuples: flattened.
 
 use std::ffi::{c_long, c_longlong, c_ulong, c_ulonglong, c_void};
@@ -142,16 +143,20 @@ pub(super) enum Decline {
     Float,
     Tuple,
     Arity,
+    FloatType,
 }
 
-pub(super) const DECLINES: [&str; 7] = [
+/// What each decline means; each says what happened and that Triton's launcher then packs the call
+/// as it always does (converting, or raising where it raises).
+pub(super) const DECLINES: [&str; 8] = [
     "the grid is not three int32 values",
     "the stream is not an int",
     "a pointer argument is not a CUDA tensor on the current device, an int or None",
     "an integer argument is not an int in its type's range",
-    "a float argument is not a finite float (or an int)",
+    "a float argument is NaN, or too large for its float type (or an int too large for a double)",
     "a tuple argument does not match the signature",
     "the arguments do not match the kernel's signature",
+    "a float argument is neither a float nor an exact int",
 ];
 
 /// The packed parameter values, one 8-byte slot each (a value sits in its slot's first bytes).
@@ -224,21 +229,42 @@ pub(super) fn int_value(obj: *mut ffi::PyObject) -> Option<i128> {
     }
 }
 
-/// What `PyFloat_AsDouble` returns for a float, or an int that fits in 64 bits; `None` otherwise.
+/// What `PyFloat_AsDouble` (Triton's launchers' read of a float parameter) returns for a float or an
+/// exact int of any size: `Ok(value)`; `Err(Decline::Float)` for an int too large for a double (where
+/// CPython raises `OverflowError`), `Err(Decline::FloatType)` for anything else.
 #[inline]
-pub(super) fn float_value(obj: *mut ffi::PyObject) -> Option<f64> {
+pub(super) fn float_value(obj: *mut ffi::PyObject) -> Result<f64, Decline> {
     // SAFETY: obj is a live object; PyFloat_AsDouble cannot fail on a float.
     unsafe {
         if ffi::PyFloat_Check(obj) != 0 {
-            return Some(ffi::PyFloat_AsDouble(obj));
+            return Ok(ffi::PyFloat_AsDouble(obj));
         }
     }
+    // Only an exact int is converted here: an int subclass may define __float__, which
+    // PyFloat_AsDouble would call.
+    // SAFETY: obj is a live object (`ob_type` is stable-ABI layout).
+    if !std::ptr::eq(unsafe { (*obj).ob_type }, std::ptr::addr_of_mut!(ffi::PyLong_Type)) {
+        return Err(Decline::FloatType);
+    }
     // int.__float__ rounds to nearest, ties to even, as `as f64` does.
-    let v = int_value(obj)?;
-    if let Ok(v) = i64::try_from(v) {
-        Some(v as f64)
-    } else {
-        u64::try_from(v).ok().map(|v| v as f64)
+    if let Some(v) = int_value(obj) {
+        if let Ok(v) = i64::try_from(v) {
+            return Ok(v as f64);
+        }
+        if let Ok(v) = u64::try_from(v) {
+            return Ok(v as f64);
+        }
+    }
+    // An int beyond 64 bits: int.__float__ itself (PyLong_AsDouble, correctly rounded), as Triton's
+    // launcher converts it.
+    // SAFETY: obj is a live exact int; the error indicator is checked and cleared with the GIL held.
+    unsafe {
+        let v = ffi::PyLong_AsDouble(obj);
+        if v == -1.0 && !ffi::PyErr_Occurred().is_null() {
+            ffi::PyErr_Clear();
+            return Err(Decline::Float);
+        }
+        Ok(v)
     }
 }
 
@@ -320,16 +346,16 @@ fn pack_leaf(leaf: Leaf, obj: *mut ffi::PyObject, device: i64, out: &mut Slots) 
             Some(v) if (min..=max).contains(&v) => (v as u64) & (u64::MAX >> (64 - 8 * u32::from(bytes))),
             _ => return Err(Decline::Int),
         },
-        Leaf::F16 => u64::from(float_value(obj).and_then(pack_fp16).ok_or(Decline::Float)?),
-        Leaf::BF16 => match float_value(obj) {
-            Some(x) if !x.is_nan() => u64::from((x as f32).to_bits() >> 16),
+        Leaf::F16 => u64::from(pack_fp16(float_value(obj)?).ok_or(Decline::Float)?),
+        Leaf::BF16 => match float_value(obj)? {
+            x if !x.is_nan() => u64::from((x as f32).to_bits() >> 16),
             _ => return Err(Decline::Float),
         },
-        Leaf::F32 => match float_value(obj) {
-            Some(x) if !x.is_nan() => u64::from((x as f32).to_bits()),
+        Leaf::F32 => match float_value(obj)? {
+            x if !x.is_nan() => u64::from((x as f32).to_bits()),
             _ => return Err(Decline::Float),
         },
-        Leaf::F64 => float_value(obj).ok_or(Decline::Float)?.to_bits(),
+        Leaf::F64 => float_value(obj)?.to_bits(),
     };
     out.push(v);
     Ok(())

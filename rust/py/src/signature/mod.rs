@@ -45,7 +45,7 @@ impl Miss {
 
 static MISS: PyOnceLock<Py<Miss>> = PyOnceLock::new();
 
-fn miss(py: Python<'_>) -> &Py<Miss> {
+pub(crate) fn miss(py: Python<'_>) -> &Py<Miss> {
     MISS.get_or_init(py, || Py::new(py, Miss).expect("allocating jitkey.MISS"))
 }
 
@@ -213,8 +213,9 @@ fn value_to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
             Some(i) => PyString::new(py, &format!("{t}:{i}")).into_any(),
             None => PyString::new(py, t).into_any(),
         },
-        Value::Object(name, inner) => {
-            PyTuple::new(py, [PyString::new(py, name).into_any(), value_to_py(py, inner)?])?.into_any()
+        Value::Object(module, qualname, inner) => {
+            let ty = PyTuple::new(py, [PyString::new(py, module), PyString::new(py, qualname)])?;
+            PyTuple::new(py, [ty.into_any(), value_to_py(py, inner)?])?.into_any()
         }
     })
 }
@@ -242,7 +243,7 @@ fn render(v: &Value) -> String {
         Value::Dtype(d) => d.clone(),
         Value::Device(t, Some(i)) => format!("{t}:{i}"),
         Value::Device(t, None) => t.clone(),
-        Value::Object(n, inner) => format!("{n}({})", render(inner)),
+        Value::Object(module, qualname, inner) => format!("{module}:{qualname}({})", render(inner)),
     }
 }
 

@@ -13,7 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
 use crate::errors::ArgumentError;
-use crate::keys::{encode_into, int_i128, int_i64, tuple_item};
+use crate::keys::{encode_into, int_i128, int_i64, tuple_item, type_identity};
 use crate::torch::{self, encode_tensor, is_tensor, type_name, TorchError};
 
 // ---- failures ----------------------------------------------------------------------------------
@@ -325,8 +325,9 @@ fn str_item<'t>(tuple: &'t Bound<'_, PyTuple>, i: usize) -> Result<&'t str, Fail
     }
 }
 
-/// A tuple subclass (a named tuple, `torch.Size`): its type's qualified name and field names, then
-/// the items as for a tuple. Triton keys it like a tuple of its items; the type and the field
+/// A tuple subclass (a named tuple, `torch.Size`): its type's module and qualname (named exactly as
+/// `jitkey.encode` names a type, `crate::keys::type_identity`) and field names, then the items as for
+/// a tuple. Triton keys it like a tuple of its items; the type and the field
 /// names make this finer.
 fn encode_namedtuple(
     b: &ByType,
@@ -338,10 +339,11 @@ fn encode_namedtuple(
     if depth >= MAX_DEPTH {
         return Err(Fail::msg("arguments nested too deeply".into()));
     }
-    let name = obj.get_type().fully_qualified_name()?;
+    let (module, qualname) =
+        type_identity(&obj.get_type()).map_err(|e| Fail::py(e.into_pyerr(obj.py(), "value")))?;
     let items = obj.cast::<PyTuple>().expect("a tuple subclass");
     let names = (0..fields.len()).map(|i| str_item(fields, i));
-    core_sig::write_namedtuple_header(enc, name.to_str()?, names, items.len())?;
+    core_sig::write_namedtuple_header(enc, &module, &qualname, names, items.len())?;
     encode_items(b, items, enc, depth)
 }
 
