@@ -203,6 +203,7 @@ def test_usage_errors_exit_2(args: list[str]) -> None:
 def test_launch_section_reads_a_real_gpu_result(recorded: str, expected: set[str]) -> None:
     """The launch section turns triton_bench's result (recorded on a GPU host) into table rows: every
     implementation, the baseline marked, medians in ns (CPU machines never run it)."""
+    from jitkey.bench._harness import format_table
     from jitkey.bench._sections import LaunchRun
 
     res = json.loads((Path(__file__).parent / "data" / recorded).read_text())
@@ -212,6 +213,46 @@ def test_launch_section_reads_a_real_gpu_result(recorded: str, expected: set[str
     assert len(rows) == sum(len(r["spread"]) for r in res["results"])
     for r in rows:
         assert r.baseline == (r.impl == "triton fn[grid]") and r.min_ns <= r.median_ns <= r.max_ns
+    # the "vs floor" column: each row against its case's driver floor, where one was measured
+    for case in res["results"]:
+        got = {r.impl: r.floor_ratio for r in rows if r.group == f"launch/{case['case']}"}
+        if "driver floor" not in case:
+            assert set(got.values()) == {None}
+            continue
+        assert got["driver floor"] == 1.0
+        assert got["jitkey kernel[grid]"] == pytest.approx(case["jitkey / driver floor"])
+    table = format_table(rows, [], {})
+    assert ("vs floor" in table) == ("driver floor" in expected)
+
+
+def test_gpu_bench_wide_kernels_and_goals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The 34- and 58-argument add kernels are generated as the written ones are (no GPU needed to build them),
+    and the table's goals and jitkey / driver floor column follow the rows (here: a recorded run's rows with two
+    wider ones added)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from jitkey import triton_bench
+
+    k = triton_bench._wide_add_kernel(56, str(tmp_path))
+    assert len(k.params) == 58 and k.arg_names[-3:] == ["out", "n", "BLOCK"]
+    assert k.src.count("tl.load(") == 55 and "acc += tl.load(p54 + offs, mask=mask)" in k.src
+    assert k.params[-1].is_constexpr
+    res = json.loads((Path(__file__).parent / "data" / "gpu_launch_h200_driver.json").read_text())
+    rows = res["results"]
+    for nptr, speedup in ((32, 8.0), (56, 9.5)):
+        wide = dict(rows[2], case=f"add, {nptr} ptr ({nptr + 2} args)", args=nptr + 2)
+        wide["speedup vs fn[grid]"] = speedup
+        rows.append(wide)
+    triton_bench._print_table(res)
+    out = capsys.readouterr().out
+    assert "jitkey/driver floor" in out and "add, 56 ptr (58 args)" in out
+    assert set(res["goals"]) >= {
+        "≥3x vs fn[grid] at 4 args",
+        "≥9x vs fn[grid] at 58 args",
+        "≤1.15x of the driver floor (all cases)",
+    }
+    assert res["goals"]["≥9x vs fn[grid] at 58 args"] is True
+    assert res["goals"]["≤1.15x of the driver floor (all cases)"] is False  # that run was 1.38-1.65x
 
 
 def test_cold_section_runs_fresh_processes_and_is_only_run_when_named(tmp_path: Path) -> None:

@@ -309,6 +309,122 @@ def test_launch_options_sorted_and_in_key():
     assert a != _jitkey_key(kernel, args, {})
 
 
+def test_launch_options_in_any_order_give_one_key():
+    """The options are sorted by name (UTF-8 bytes) whatever their order and count (more than the 8 kept
+    inline too), interleaved with parameters passed by keyword."""
+    import itertools
+    import random
+
+    kernel = jt.bind(k_full)
+    x = torch.empty(64)
+    args = (x, x, 0, 0, 1.0, True)
+    opts = {f"opt{i:02d}": i for i in range(11)} | {"é": 1, "z": 2, "Z": 3, "ñ_b": 4, "aa": 5}
+    want = kernel.key_of(args, {"BLOCK": 64, **dict(sorted(opts.items()))}, device=0)
+    rng = random.Random(0)
+    for n in (1, 2, 3, 8, 9, len(opts)):
+        names = list(opts)[:n]
+        base = kernel.key_of(args, {"BLOCK": 64, **{k: opts[k] for k in sorted(names)}}, device=0)
+        orders = list(itertools.permutations(names)) if n <= 3 else [rng.sample(names, n) for _ in range(20)]
+        for order in orders:
+            kw = {k: opts[k] for k in order}
+            at = rng.randrange(len(kw) + 1)  # BLOCK (a parameter) somewhere among the options
+            items = list(kw.items())
+            kw = dict([*items[:at], ("BLOCK", 64), *items[at:]])
+            assert kernel.key_of(args, kw, device=0) == base, order
+    assert base == want
+    changed = dict(opts, opt05=-5)
+    assert kernel.key_of(args, {"BLOCK": 64, **changed}, device=0) != want
+
+
+def test_launch_options_in_another_order_hit(fake_runtime, fake_triton):
+    kernel = jt.bind(k_full)
+    state = fake_triton(kernel)
+    x = torch.empty(64)
+    ck = kernel[(1,)](x, x, 16, 5, 1.0, True, 64, num_warps=4, num_stages=2, maxnreg=128)
+    kernel[(1,)](x, x, 16, 5, 1.0, True, maxnreg=128, BLOCK=64, num_stages=2, num_warps=4)
+    kernel[(1,)](x, x, 16, 5, 1.0, True, 64, num_stages=2, maxnreg=128, num_warps=4)
+    assert len(state["calls"]) == 1 and len(ck.launches) == 2
+    kernel[(1,)](x, x, 16, 5, 1.0, True, 64, num_stages=3, maxnreg=128, num_warps=4)
+    assert len(state["calls"]) == 2
+
+
+def test_one_call_site_binds_its_keywords_per_call(fake_runtime, fake_triton):
+    """A call site's keyword names are worked out once (its kwnames tuple): what depends on the call is still
+    checked per call (a positional argument that now covers a keyword's parameter), sites beyond the few kept
+    and fresh **kwargs tuples bind the same."""
+    kernel = jt.bind(k_full)
+    state = fake_triton(kernel)
+    x = torch.empty(64)
+
+    def site(*args):  # one call site: one kwnames tuple ("OPT", "num_warps") whatever the positional count
+        return kernel[(1,)](*args, OPT=7, num_warps=4)
+
+    args = (x, x, 16, 5, 1.0, True, 64)
+    ck = site(*args)
+    site(*args)
+    assert len(state["calls"]) == 1 and len(ck.launches) == 1
+    calls = []
+    kernel._jk_triton_run = lambda *a, **k: calls.append((a, k)) or "triton"
+    assert site(*args, 7) == "triton"  # OPT passed twice: Triton's path raises it, as always
+    reasons = kernel.cache_stats()["fallback_reasons"]
+    assert list(reasons) == ["arguments do not bind: got multiple values for argument 'OPT'"]
+    fake_triton(kernel)
+    sites = [
+        lambda: kernel[(1,)](x, x, m=5, f=1.0, flag=True, n=16, BLOCK=64, num_warps=4),
+        lambda: kernel[(1,)](x, x, 16, 5, 1.0, True, BLOCK=64, num_warps=4),
+        lambda: kernel[(1,)](x, x, 16, 5, 1.0, flag=True, num_warps=4, BLOCK=64),
+        lambda: kernel[(1,)](x, x, 16, 5, f=1.0, flag=True, num_warps=4, BLOCK=64),
+        lambda: kernel[(1,)](x, b=x, n=16, m=5, f=1.0, flag=True, num_warps=4, BLOCK=64),
+        lambda: kernel[(1,)](x, x, 16, 5, 1.0, True, **{"num_warps": 4, "BLOCK": 64}),
+    ]
+    before = len(state["calls"])
+    for _ in range(3):  # more sites than plans are kept, in turn: each binds as the first call did
+        for s in sites:
+            assert s() is ck
+    assert len(state["calls"]) == before and len(ck.launches) == 1 + 3 * len(sites)
+
+
+def test_a_kept_keyword_plan_still_checks_each_call(fake_runtime, fake_triton):
+    """Call sites whose keyword names are one constant tuple bind through a kept plan after the second
+    call: the same kernels as without one, and a positional argument covering a keyword's parameter is
+    still refused per call (two calls of one function share a constant tuple ("OPT", "num_warps"))."""
+    kernel = jt.bind(k_full)
+    state = fake_triton(kernel)
+    x = torch.empty(64)
+
+    def both(extra):
+        ok = kernel[(1,)](x, x, 16, 5, 1.0, True, 64, OPT=7, num_warps=4)
+        if extra:
+            kernel[(1,)](x, x, 16, 5, 1.0, True, 64, 7, OPT=7, num_warps=4)
+        return ok
+
+    ck = both(False)
+    for _ in range(3):
+        assert both(False) is ck  # the plan is made at the second call, then used
+    assert len(state["calls"]) == 1 and len(ck.launches) == 3
+    plain = kernel[(1,)](x, x, 16, 5, 1.0, True, 64, **{"num_warps": 4, "OPT": 7})  # a fresh tuple: no plan
+    assert plain is ck and len(state["calls"]) == 1
+    kernel._jk_triton_run = lambda *a, **k: "triton"
+    assert both(True) is ck  # its second call goes to Triton's path, which raises there
+    reasons = kernel.cache_stats()["fallback_reasons"]
+    assert list(reasons) == ["arguments do not bind: got multiple values for argument 'OPT'"]
+
+
+def test_keyword_parameters_found_by_name_not_by_hash():
+    """A keyword name matches a parameter only by its text (the hash compare only skips non-matches)."""
+
+    class Same(str):  # a str subclass naming a parameter: matched by text, like an exact str
+        pass
+
+    kernel = jt.bind(k_full)
+    x = torch.empty(64)
+    pos = kernel.key_of((x, x, 16, 3, 1.0, False, 64), {}, device=0)
+    assert kernel.key_of((x, x, 16, 3, 1.0, False), {Same("BLOCK"): 64}, device=0) == pos
+    assert kernel.key_of((x, x, 16, 3, 1.0, False), {"BLOCK": 64}, device=0) == pos
+    with pytest.raises(jitkey.errors.ArgumentError, match="missing a required argument: 'BLOCK'"):
+        kernel.key_of((x, x, 16, 3, 1.0, False), {"BLOCKS": 64}, device=0)
+
+
 def test_knob_changes_change_the_key():
     kernel = jt.bind(k_full)
     x = torch.empty(64)
@@ -515,7 +631,8 @@ class FakeCK:
 @pytest.fixture
 def fake_triton(fake_runtime):
     """Replace the kernel's Triton path (``JITFunction.run``) with one that records and returns a FakeCK per
-    Triton key, computed by Triton's real binder, and keeps it where Triton would (``device_caches``)."""
+    Triton key, computed by Triton's real binder with the knob values Triton folds into the options, and keeps
+    it where Triton would (``device_caches``)."""
     state = {"calls": [], "cks": {}}
 
     def install(fn):
@@ -525,7 +642,10 @@ def fake_triton(fake_runtime):
             for hook in fn.pre_run_hooks:
                 hook(*args, **kwargs)
             state["calls"].append((args, kwargs, grid, warmup))
-            _, spec, options = binder(*args, **kwargs)
+            # the knob state Triton's run folds into the options: a kernel is Triton's for that state
+            folded = {"debug": kwargs.get("debug", fn.debug) or knobs.runtime.debug}
+            folded |= {name: getattr(getattr(knobs, s), a) for name, s, a in jt.triton_info().knob_reads}
+            _, spec, options = binder(*args, **{**kwargs, **folded})
             tk = compute_cache_key({}, spec, options)
             ck = state["cks"].setdefault(tk, FakeCK(tk))
             per_device = dict.setdefault(fn.device_caches, fake_runtime.device, ({}, {}, None, None, None))

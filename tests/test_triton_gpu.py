@@ -7,6 +7,8 @@ the globals check.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -650,3 +652,93 @@ def test_driver_launch_streams_graphs_and_hooks():
     stream = torch.cuda.current_stream().cuda_stream
     assert events == [("enter", "add_kernel", stream), ("exit", "add_kernel")]
     assert _driver_launches(kernel) == before + 3
+
+
+# -- the watched state and the device/stream read through torch's C shim (issue 26) ---------------------------
+
+
+def _native() -> Any:
+    from jitkey.triton import _installed
+
+    rt = _installed.get_runtime()
+    assert rt is not None
+    return rt
+
+
+def test_native_current_is_proven_and_follows_torch():
+    """On a GPU with torch 2.11 the shim is proven at the first launch and then reads exactly what torch's
+    getters read: under side streams of either priority, during CUDA-graph capture, and on each device."""
+    kernel = jt.bind(add_kernel)
+    n = 1024
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.empty(n, device="cuda")
+    kernel[_grid1(n, 256)](x, y, out, n, BLOCK=256)
+    rt = _native()
+    if rt.native_problem == "JITKEY_NATIVE_CURRENT=0":
+        pytest.skip("JITKEY_NATIVE_CURRENT=0")
+    assert rt.native is not None, rt.native_problem
+    assert kernel._jk_launcher.native_current
+    assert jt.fast_paths()["native_current"]["on"] is True
+    shim = rt.native
+    get_device, get_stream = torch._C._cuda_getDevice, torch._C._cuda_getCurrentRawStream
+    dev = get_device()
+    for s in (torch.cuda.current_stream(), torch.cuda.Stream(), torch.cuda.Stream(priority=-1)):
+        with torch.cuda.stream(s):
+            assert (
+                (shim.device(), shim.stream(dev)) == (get_device(), get_stream(dev)) == (dev, s.cuda_stream)
+            )
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    with torch.cuda.graph(g, stream=side):
+        x.add_(0)
+        assert shim.stream(dev) == get_stream(dev) == side.cuda_stream
+    for d in range(torch.cuda.device_count()):
+        with torch.cuda.device(d):
+            s = torch.cuda.Stream()
+            assert shim.device() == get_device() == d
+            with torch.cuda.stream(s):
+                assert shim.stream(d) == get_stream(d) == s.cuda_stream
+    assert not shim.failed
+
+
+def test_hits_on_every_device():
+    """Each device gets its own kernel (Triton's, from that device's cache) and the hit launches on it."""
+    kernel = jt.bind(add_kernel)
+    n = 4096
+    for d in range(torch.cuda.device_count()):
+        with torch.cuda.device(d):
+            x, y = torch.randn(n, device=f"cuda:{d}"), torch.randn(n, device=f"cuda:{d}")
+            out = torch.empty(n, device=f"cuda:{d}")
+            ck = kernel[_grid1(n, 256)](x, y, out, n, BLOCK=256)
+            out.zero_()
+            assert kernel[_grid1(n, 256)](x, y, out, n, BLOCK=256) is ck
+            torch.cuda.synchronize()
+            torch.testing.assert_close(out, x + y)
+            assert dict.get(kernel.device_caches, d)[0]  # Triton holds it for this device
+    assert kernel.cache_stats()["fallbacks"] == 0
+
+
+def test_a_knob_flipped_between_two_launches_gets_tritons_kernel_for_it():
+    """knobs.runtime.debug flipped between two launches: the second launches the kernel Triton compiles for the
+    new value (its metadata says so, as plain Triton's does), kept until the knob is flipped back."""
+    kernel = jt.bind(add_kernel)
+    n = 1024
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.empty(n, device="cuda")
+    grid = _grid1(n, 256)
+    plain = add_kernel[grid](x, y, out, n, BLOCK=256)
+    first = kernel[grid](x, y, out, n, BLOCK=256)
+    assert kernel[grid](x, y, out, n, BLOCK=256) is first and not first.metadata.debug
+    with knobs.runtime.scope():
+        knobs.runtime.debug = True
+        debug = kernel[grid](x, y, out, n, BLOCK=256)
+        assert debug is not first and debug.metadata.debug
+        assert kernel[grid](x, y, out, n, BLOCK=256) is debug
+        assert add_kernel[grid](x, y, out, n, BLOCK=256).metadata.debug  # plain Triton agrees
+    assert kernel[grid](x, y, out, n, BLOCK=256) is first
+    assert add_kernel[grid](x, y, out, n, BLOCK=256) is plain
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, x + y)
+    ws = kernel.cache_stats()["watched_state"]
+    if jt.fast_paths()["watched_state"]["on"]:
+        assert ws["unwatched"] is None and ws["watched"] >= 2, ws

@@ -441,8 +441,12 @@ class _TritonLauncher:
     calls its ``_jk_native_fallback(reason, grid, args, kwargs)``; its ``_jk_check_globals()`` checks the
     globals. ``info`` is the ``TritonInfo`` (``knobs``, ``knob_reads``, ``checks_stages_hook``,
     ``HookChain``, ``run_keywords``: a keyword argument named like one of ``JITFunction.run``'s own goes to
-    Triton's path, which raises or consumes it); ``runtime`` has ``get_device()`` and ``get_stream(device)``;
-    ``npos`` parameters may be passed positionally.
+    Triton's path, which raises or consumes it); ``runtime`` has ``get_device()`` and ``get_stream(device)``,
+    and optionally ``native``: a :class:`_TorchCurrent` proven equal to them (or None); ``npos`` parameters
+    may be passed positionally. ``watch`` has ``problem`` (why what the launch reads from Triton's objects is
+    read on every call, or None) and ``kinds`` (``{(knob class, attribute): "plain" | "env"}``: the knob reads
+    the watch covers); watched, that state is read once and kept while :func:`_watch_bump` is not called, the
+    knob objects are still the ``triton.knobs`` module's and (for an env knob) the C environment is unchanged.
     """
 
     def __new__(
@@ -453,6 +457,7 @@ class _TritonLauncher:
         info: Any,
         runtime: Any,
         npos: int,
+        watch: Any,
         /,
     ) -> _TritonLauncher: ...
     @property
@@ -472,6 +477,41 @@ class _TritonLauncher:
     @property
     def cache(self) -> LruCache:
         """The cache the launcher stores its entries in."""
+    def state_counts(self) -> dict[str, Any]:
+        """``watched`` (calls served by the kept state of Triton's objects), ``reads`` (times that state was
+        read from the objects: on every call when it cannot be watched) and ``unwatched`` (why the last read
+        was not kept, or None)."""
+    @property
+    def native_current(self) -> bool:
+        """Whether the device and stream are read through torch's C shim."""
+
+def _watch_bump() -> None:
+    """Private: something a warm launch reads from Triton's Python objects may have changed (every watched
+    write path calls it; see ``jitkey/triton/_watch.py``)."""
+
+def _watch_version() -> int:
+    """Private: the current watch version (tests)."""
+
+def _environ_fingerprint() -> list[int] | None:
+    """Private: the C environment as the watch compares it (``environ``'s pointers), or None where it cannot
+    (not glibc)."""
+
+@final
+class _TorchCurrent:
+    """Private (:mod:`jitkey.triton`): the current CUDA device and stream through torch's stable C shim
+    (``aoti_torch_get_current_device_index`` from ``device_lib``, ``aoti_torch_get_current_cuda_stream`` from
+    ``stream_lib``), resolved with ``dlopen``/``dlsym`` (``loaded_only``: only from libraries already loaded).
+    Raises ``OSError`` when a library or symbol is missing. After the first error the shim reports, it is not
+    called again (``failed``)."""
+
+    def __new__(cls, device_lib: str, stream_lib: str, /, *, loaded_only: bool = True) -> _TorchCurrent: ...
+    def device(self) -> int | None:
+        """The current device index (None: the shim reported an error, now or before)."""
+    def stream(self, device: int, /) -> int | None:
+        """The current stream of ``device`` (None: as :meth:`device`)."""
+    @property
+    def failed(self) -> bool:
+        """Whether the shim reported an error (it is not called again)."""
 
 @disjoint_base
 class _KernelBase:

@@ -32,6 +32,8 @@ _DESCRIPTIONS = {
     "native_launcher": "Triton warm launch in one native call",
     "direct_launch": "Triton hit calls the compiled C launcher directly",
     "driver_launch": "Triton hit packs the parameters and calls cuLaunchKernelEx itself",
+    "watched_state": "Triton state (kernel attrs, knobs, hooks): watched, kept while unchanged (OFF: per-call reads)",
+    "native_current": "Triton hit reads the device and stream through torch's C shim (OFF: torch's Python getters)",
     "l2": "a fresh process loads kernels compiled earlier from jitkey's disk index (no Triton compile path)",
 }
 
@@ -105,7 +107,15 @@ def triton_paths() -> dict[str, FastPath]:
         except Exception as e:  # the report must not fail because the binding did
             facts, why = {}, f"unknown (jitkey.triton.fast_paths() raised {type(e).__name__}: {e})"
     out: dict[str, FastPath] = {}
-    known = ("binding", "native_launcher", "direct_launch", "driver_launch", "l2")
+    known = (
+        "binding",
+        "native_launcher",
+        "direct_launch",
+        "driver_launch",
+        "watched_state",
+        "native_current",
+        "l2",
+    )
     for name in (*known, *sorted(set(facts) - set(known))):
         if name == "binding" and name not in facts and why is None:
             continue  # an older binding without the switch

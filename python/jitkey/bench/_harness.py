@@ -47,6 +47,8 @@ class Result:
     baseline: bool
     ratio: float | None = None
     unit: str = "ns"
+    #: median / the group's driver floor (launch rows measured with one), e.g. jitkey / driver floor
+    floor_ratio: float | None = None
 
     def spread_pct(self) -> float:
         return 100.0 * (self.max_ns - self.min_ns) / self.median_ns if self.median_ns else 0.0
@@ -224,24 +226,31 @@ def format_table(results: list[Result], skipped: list[Skipped], env: dict[str, A
         *(f"{k}={v}" for k, v in (env.get("env") or {}).items()),
         "median per call over repeats (spread = (max-min)/median); ratio = median / the group's baseline (*)",
     ]
+    if any(r.floor_ratio is not None for r in results):
+        lines.append("vs floor = median / the group's driver floor (the launch rows measured with one)")
     width_g = max([len(r.group) for r in results] + [5]) + 2
     width_i = max([len(r.impl) for r in results] + [4]) + 3
     header = f"{'case':<{width_g}}{'impl':<{width_i}}{'median':>11}{'spread':>9}{'ratio':>9}"
+    floors = {r.section for r in results if r.floor_ratio is not None}
     current = None
     noisy = 0
     for (section, _), rows in _groups(results).items():
         if section != current:
             current = section
-            lines += ["", f"== {current} ==", header, "-" * len(header)]
+            h = header + (f"{'vs floor':>10}" if section in floors else "")
+            lines += ["", f"== {current} ==", h, "-" * len(h)]
         unit = group_unit(rows)
         for r in rows:
             name = r.impl + (" *" if r.baseline else "")
             ratio = f"{r.ratio:.2f}x" if r.ratio is not None else "-"
             flag = " !" if r.spread_pct() > SPREAD_FLAG_PCT else ""
             noisy += bool(flag)
+            vs_floor = ""
+            if section in floors:
+                vs_floor = f"{r.floor_ratio:.2f}x" if r.floor_ratio is not None else "-"
             lines.append(
                 f"{r.group:<{width_g}}{name:<{width_i}}{fmt_time(r.median_ns, unit):>11}"
-                f"{r.spread_pct():>8.0f}%{ratio:>9}{flag}"
+                f"{r.spread_pct():>8.0f}%{ratio:>9}{vs_floor:>10}{flag}"
             )
     for s in skipped:
         lines += ["", f"== {s.section} == skipped: {s.reason}"]
@@ -259,6 +268,8 @@ def to_json(results: list[Result], skipped: list[Skipped], env: dict[str, Any], 
     rows = []
     for r in results:
         d = dataclasses.asdict(r)
+        if d["floor_ratio"] is None:  # only the launch rows measured with a driver floor have one
+            del d["floor_ratio"]
         d["spread_pct"] = round(r.spread_pct(), 2)
         d["noisy"] = r.spread_pct() > SPREAD_FLAG_PCT
         rows.append(d)

@@ -418,7 +418,8 @@ class LaunchRun(SelfTimed):
 
     def describe(self) -> str:
         return (
-            f"4 kernels, {self.batches} batches of {self.launches} launches per implementation, interleaved"
+            f"6 kernels (4 to 58 args), {self.batches} batches of {self.launches} launches per implementation,"
+            " interleaved"
         )
 
     def results(self) -> list[Result]:
@@ -426,6 +427,7 @@ class LaunchRun(SelfTimed):
         out: list[Result] = []
         for row in res["results"]:
             group = f"launch/{row['case']}"
+            floor = row.get("driver floor")
             for impl, (lo, hi) in row["spread"].items():
                 out.append(
                     Result(
@@ -439,6 +441,7 @@ class LaunchRun(SelfTimed):
                         number=self.launches,
                         baseline=impl == "triton fn[grid]",
                         unit="us",
+                        floor_ratio=row[impl] / floor if floor else None,
                     )
                 )
         set_ratios(out)

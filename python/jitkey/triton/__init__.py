@@ -50,6 +50,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from jitkey.triton import _current, _installed, _watch
 from jitkey.triton._installed import Unkeyable, triton_info
 from jitkey.triton._kernel import (
     TritonKernel,
@@ -115,9 +116,16 @@ def fast_paths() -> dict[str, dict[str, Any]]:
     ``direct_launch``: hits call the CUDA launcher's compiled ``launch`` rather than ``ck.run``;
     ``driver_launch``: hits pack the kernel's parameters and call ``cuLaunchKernelEx`` themselves (off when
     the installed Triton's launcher code is not one jitkey mirrors, Triton 3.6.0's or 3.9.0's, or under
-    ``JITKEY_DRIVER_LAUNCH=0``); ``l2``: a launch that misses in memory loads a kernel an earlier process compiled
-    from jitkey's disk index instead of Triton's compile path (opt-in: on under ``JITKEY_TRITON_L2=1``; off for a Triton whose
-    compile and cache code jitkey does not know, or without a usable disk index; see :mod:`jitkey.triton._l2`).
+    ``JITKEY_DRIVER_LAUNCH=0``); ``watched_state``: hits reuse what they read from Triton's objects (the
+    kernel's attributes, the knobs, the hook chains) while watched write paths show it unchanged, instead of
+    reading it on every call (off under ``JITKEY_WATCH=0`` or when this Triton's knobs cannot be watched;
+    per kernel, ``cache_stats()["watched_state"]``); ``native_current``: hits read the current device and
+    stream through torch's C shim, proven equal to torch's Python getters at the first launch (``on`` is
+    ``None`` until then; off under ``JITKEY_NATIVE_CURRENT=0``, without the shim's symbols, or when the proof
+    failed); ``l2``: a launch that misses in memory loads a kernel an earlier process compiled from jitkey's
+    disk index instead of Triton's compile path (opt-in: on under ``JITKEY_TRITON_L2=1``; off for a Triton
+    whose compile and cache code jitkey does not know, or without a usable disk index; see
+    :mod:`jitkey.triton._l2`).
     """
     from jitkey.triton import _l2
 
@@ -127,7 +135,35 @@ def fast_paths() -> dict[str, dict[str, Any]]:
         "native_launcher": {"on": info.problem is None, "why": info.problem},
         "direct_launch": {"on": info.launcher_call is not None, "why": info.launcher_problem},
         "driver_launch": {"on": info.driver_launch_problem is None, "why": info.driver_launch_problem},
+        "watched_state": _watched_state(info),
+        "native_current": _native_current(),
         "l2": _l2.status(),
+    }
+
+
+def _watched_state(info: Any) -> dict[str, Any]:
+    why = info.problem or _watch.problem()
+    return {"on": why is None, "why": why, "chosen": why == "JITKEY_WATCH=0"}
+
+
+def _native_current() -> dict[str, Any]:
+    rt = _installed.runtime
+    if rt is not None:
+        why = getattr(rt, "native_problem", "the runtime has no native getters")
+        on = getattr(rt, "native", None) is not None
+        return {"on": on, "why": why, "chosen": why == "JITKEY_NATIVE_CURRENT=0"}
+    if _installed.runtime_problem is not None:
+        return {"on": False, "why": _installed.runtime_problem}
+    try:
+        import torch
+    except ImportError:
+        return {"on": False, "why": "torch is not installed"}
+    shim, why = _current.resolve(torch)
+    if shim is None:
+        return {"on": False, "why": why, "chosen": why == "JITKEY_NATIVE_CURRENT=0"}
+    return {
+        "on": None,
+        "why": "torch's C shim is present; it is proven against torch's getters at the first launch",
     }
 
 

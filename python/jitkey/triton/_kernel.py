@@ -18,9 +18,9 @@ from typing import Any
 from triton.runtime.jit import JITFunction
 from triton.runtime.jit import jit as _TRITON_JIT
 
-from jitkey._core import MISS, LruCache, Signature, _KernelBase, _TritonEntry, _TritonLauncher
+from jitkey._core import MISS, LruCache, Signature, _KernelBase, _TritonEntry, _TritonLauncher, _watch_bump
 from jitkey.errors import GlobalsChangedError, JitKeyError
-from jitkey.triton import _installed
+from jitkey.triton import _installed, _watch
 from jitkey.triton._installed import Unkeyable, launch_plan, launch_target, triton_info
 
 _log = logging.getLogger("jitkey.triton")
@@ -213,11 +213,26 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         launch). Works on the stripped state Inductor's ``prepare_for_pickle`` leaves (``fn`` set to None)."""
         self.__dict__.update(state)
         _count_made()
+        _watch_bump()  # the state was written around __setattr__
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         """``copy.deepcopy`` and ``pickle`` (any protocol): rebuilt from :meth:`__getstate__`, so they copy
         and fail exactly where a ``JITFunction``'s own state does (a lock, a local function, globals)."""
         return (copyreg.__newobj__, (type(self),), self.__getstate__())  # type: ignore[attr-defined]
+
+    # -- attribute writes are watched: what a hit reads from the kernel is kept while none happens ------
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Set an attribute, as on a ``JITFunction``; a launch after it reads the kernel's state again (see
+        ``jitkey/triton/_watch.py``). jitkey's own ``_jk_*`` attributes are not part of that state."""
+        super().__setattr__(name, value)
+        if not name.startswith("_jk_"):
+            _watch_bump()
+
+    def __delattr__(self, name: str) -> None:
+        """Delete an attribute, as on a ``JITFunction`` (watched like :meth:`__setattr__`)."""
+        super().__delattr__(name)
+        if not name.startswith("_jk_"):
+            _watch_bump()
 
     def __copy__(self) -> TritonKernel:
         """``copy.copy``: like a ``JITFunction``'s (a shallow copy sharing Triton's state), with its own jitkey
@@ -289,14 +304,19 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
     def cache_stats(self) -> dict[str, Any]:
         """``hits``, ``misses``, ``entries``, ``fallbacks`` (total) and ``fallback_reasons`` ({reason: n});
         ``remote_compile``: the process's remote compile cache counters (``jitkey.triton.remote_cache.stats``:
-        compiled files served from the Redis tier, absent, refused, stored)."""
+        compiled files served from the Redis tier, absent, refused, stored); ``watched_state``: how the launches
+        read Triton's state (``watched``: calls that reused the kept state, ``reads``: times it was read from the
+        objects, ``unwatched``: why the last read was not kept; ``None`` before the first launch)."""
         from jitkey.triton import remote_cache
 
         problem = self.fast_path_problem
+        launcher = self._jk_launcher
+        state = None if launcher is None else dict(launcher.state_counts())
         return {
             **self._jk_stats.snapshot(),
             "fast_path_problem": problem,
             "remote_compile": remote_cache.stats(),
+            "watched_state": state,
         }
 
     def key_of(self, args: Iterable[Any], kwargs: dict[str, Any] | None = None, *, device: int) -> bytes:
@@ -369,7 +389,8 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         npos = sum(
             p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in self.signature.parameters.values()
         )
-        return _TritonLauncher(self, self._jk_sig, self._jk_cache, info, rt or _NO_RUNTIME, npos)
+        watch = _watch.for_kernel(self, info.knob_reads)
+        return _TritonLauncher(self, self._jk_sig, self._jk_cache, info, rt or _NO_RUNTIME, npos, watch)
 
     def _jk_fallback(self, reason: str, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self._jk_stats.fallbacks[reason] += 1

@@ -14,6 +14,7 @@ use pyo3::types::PyTuple;
 
 use super::entry::{Entry, MAX_MID};
 use super::pack::Slots;
+use super::plan::Stream;
 use super::{borrowed, call_one, call_with};
 
 #[pyclass(name = "_CompiledLaunch", module = "jitkey._core", frozen)]
@@ -78,7 +79,7 @@ impl CompiledLaunch {
         let (g0, g1, g2) = (grid.get_item(0)?, grid.get_item(1)?, grid.get_item(2)?);
         let e = self.entry.get();
         let device = self.device.bind(py);
-        let stream = call_one(py, self.get_stream.bind(py), device)?;
+        let stream = Stream::Object(call_one(py, self.get_stream.bind(py), device)?);
         let rt = self.runtime.bind(py);
         let enter = rt.getattr(intern!(py, "launch_enter_hook"))?;
         let exit = rt.getattr(intern!(py, "launch_exit_hook"))?;
@@ -88,7 +89,8 @@ impl CompiledLaunch {
             (none.clone(), none.clone(), none)
         } else {
             let md_fn = ck.getattr(intern!(py, "launch_metadata"))?;
-            let md = call_with(py, &md_fn, &[&[grid.as_ptr(), stream.as_ptr()], params])?;
+            let s = stream.object(py)?;
+            let md = call_with(py, &md_fn, &[&[grid.as_ptr(), s.as_ptr()], params])?;
             (md, enter, exit)
         };
         if let Some(plan) = &e.plan {
@@ -105,6 +107,7 @@ impl CompiledLaunch {
                 Err(why) => plan.count_decline(why),
             }
         }
+        let stream = stream.object(py)?;
         let mut head = [null_mut(); 8 + MAX_MID];
         let fixed = [g0.as_ptr(), g1.as_ptr(), g2.as_ptr(), stream.as_ptr(), e.function.as_ptr()];
         let hooks = [md.as_ptr(), enter.as_ptr(), exit.as_ptr()];

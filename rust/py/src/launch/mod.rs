@@ -1,10 +1,11 @@
 //! `jitkey._core._TritonLauncher`: the warm-launch path of `jitkey.triton` in one native call.
 //!
-//! Per call, with no Python frame of jitkey's own: the pre-run-hook and stages-hook checks, the
-//! binding of positional and keyword arguments to the kernel's parameters (defaults applied, the
-//! rest kept as launch options), the current device, the per-call knob reads, the key (header,
-//! device, knobs, sorted options, then every parameter by its Triton rule), the cache probe, the
-//! globals check, the grid, the current stream, the launch hooks, and the launch itself.
+//! Per call, with no Python frame of jitkey's own: the state Triton's objects hold (`state`: kept
+//! while watched, else read), the pre-run-hook and stages-hook checks, the binding of positional and
+//! keyword arguments to the kernel's parameters (defaults applied, the rest kept as launch options),
+//! the current device (torch's C shim when proven, else its Python getter), the key (header, device,
+//! knobs, sorted options, then every parameter by its Triton rule), the cache probe, the globals
+//! check, the grid, the current stream, the launch hooks, and the launch itself.
 //!
 //! Everything that is not a plain hit goes back to Python: a miss to `miss(grid, args, kwargs)`
 //! (Triton runs the call and returns `(result, entry or None)`; the entry is stored under the key
@@ -14,14 +15,17 @@
 //! policy: what is safe, what is counted, what an entry holds.
 //!
 //! Modules: `entry` (what a hit launches: `_TritonEntry`), `plan` and `pack` (jitkey's own launch of
-//! a compiled kernel: `_LaunchPlan`), `vectorcall` (the C entry points `kernel[grid](...)` and
-//! `launch(grid, ...)`, and `_KernelBase`), `compiled` (a compiled kernel launched as a library
-//! launches it from its own cache: `_CompiledLaunch`, for DSL plans). This file is the launcher itself: bind, key, probe, hit.
+//! a compiled kernel: `_LaunchPlan`), `state` (what a call reads from Triton's Python objects, kept
+//! while watched), `vectorcall` (the C entry points `kernel[grid](...)` and `launch(grid, ...)`, and
+//! `_KernelBase`), `compiled` (a compiled kernel launched as a library launches it from its own
+//! cache: `_CompiledLaunch`, for DSL plans). This file is the launcher itself: bind, key, probe, hit.
 
+mod bind;
 mod compiled;
 mod entry;
 mod pack;
 mod plan;
+mod state;
 mod vectorcall;
 
 use std::ptr::null_mut;
@@ -39,35 +43,13 @@ use crate::errors::ArgumentError;
 use crate::keys::{encode_into, fast_hash_state, tuple_fill, tuple_item, with_encoder};
 use crate::lru::PyLruCache;
 use crate::signature::Signature;
+use crate::torch::TorchCurrent;
+use bind::{BoundArgs, KwPlans};
 use entry::{Entry, MAX_MID};
 use pack::Slots;
+use plan::Stream;
+use state::{Current, Kept, Obj, State};
 use vectorcall::{launch_def, KernelBase};
-
-/// Parameters bound for one call: borrowed pointers into the call's args tuple, its kwargs dict
-/// and the signature's defaults, all of which outlive the call.
-const STACK: usize = 32;
-
-struct BoundArgs {
-    stack: [*mut ffi::PyObject; STACK],
-    heap: Vec<*mut ffi::PyObject>,
-    n: usize,
-    /// Keyword arguments that are not parameters: `(name, value)`, sorted by name.
-    opts: Vec<(*mut ffi::PyObject, *mut ffi::PyObject)>,
-}
-
-impl BoundArgs {
-    fn new() -> Self {
-        BoundArgs { stack: [null_mut(); STACK], heap: Vec::new(), n: 0, opts: Vec::new() }
-    }
-
-    fn params(&self) -> &[*mut ffi::PyObject] {
-        if self.n <= STACK {
-            &self.stack[..self.n]
-        } else {
-            &self.heap
-        }
-    }
-}
 
 /// Why a call leaves the fast path.
 enum Leave {
@@ -93,18 +75,35 @@ pub(crate) struct Launcher {
     sig: Py<Signature>,
     cache: Py<PyLruCache>,
     kernel_fn: Py<PyAny>,
-    runtime: Py<PyAny>,
-    knobs: Vec<(Py<PyAny>, Py<PyString>)>,
+    /// `triton.knobs` and its `__dict__`.
+    knobs_module: Py<PyAny>,
+    knobs_dict: Py<PyDict>,
+    /// The knob sections read (`runtime` first), by name: looked up in `triton.knobs` as Triton's
+    /// `knobs.<section>` does.
+    sections: Vec<Py<PyString>>,
+    /// The knobs `JITFunction.run` folds into the launch options: `(section index, attribute)`.
+    knob_reads: Vec<(usize, Py<PyString>)>,
     check_stages: bool,
     get_device: Py<PyAny>,
     get_stream: Py<PyAny>,
+    /// torch's C shim for the device and stream, once proven equal to `get_device`/`get_stream`.
+    current: Option<Py<TorchCurrent>>,
     hook_chain: Option<Py<PyAny>>,
     miss: Py<PyAny>,
     fallback: Py<PyAny>,
     check_globals: Py<PyAny>,
     names: Vec<Py<PyString>>,
+    /// `hash(name)` of each parameter name (a keyword name is compared by hash before its text).
+    name_hashes: Vec<ffi::Py_hash_t>,
+    /// How the keyword names of recent calls bind (`bind::KwPlan`).
+    kw_plans: KwPlans,
     /// How many parameters may be passed positionally (the rest are keyword-only).
     npos: usize,
+    /// What the watch covers (`{(knob class, attribute): "plain" | "env"}`): `Some` when this
+    /// launcher may keep its state; `None` with why in `off`.
+    watch: Option<Py<PyDict>>,
+    off: Option<Py<PyString>>,
+    kept: Kept,
     /// The names `JITFunction.run` takes for itself (`grid`, `warmup`; interned): a keyword argument
     /// so named is never bound here (Triton raises `TypeError` for it, or consumes it).
     run_keywords: Vec<Py<PyString>>,
@@ -160,91 +159,14 @@ fn call_one<'py>(
 }
 
 impl Launcher {
-    /// Binds positional arguments and keyword arguments (`kw_names[i]` = `kw_values[i]`) to the
-    /// parameters; `Err` is why the call cannot bind (Triton's own path then raises it).
-    fn bind_params(
-        &self,
-        py: Python<'_>,
-        pos: &[*mut ffi::PyObject],
-        kw_names: &[*mut ffi::PyObject],
-        kw_values: &[*mut ffi::PyObject],
-        b: &mut BoundArgs,
-    ) -> Result<(), String> {
-        let sig = self.sig.get();
-        let n = self.names.len();
-        let nargs = pos.len();
-        if nargs > self.npos {
-            let npos = self.npos;
-            return Err(format!("takes {npos} positional arguments but {nargs} were given"));
-        }
-        b.n = n;
-        let slots: &mut [*mut ffi::PyObject] = if n <= STACK {
-            &mut b.stack[..n]
-        } else {
-            b.heap.resize(n, null_mut());
-            &mut b.heap
-        };
-        slots[..nargs].copy_from_slice(pos);
-        for (&k, &v) in kw_names.iter().zip(kw_values) {
-            let by_ptr = self.names.iter().position(|name| name.as_ptr() == k);
-            // An interned name equal to a run keyword is that keyword's object; any other spelling of it
-            // is compared by value below (off the usual path: names at a call site are interned).
-            if self.run_keywords.iter().any(|r| r.as_ptr() == k)
-                || (by_ptr.is_none() && self.is_run_keyword(py, k))
-            {
-                let name = borrowed(py, k).to_string();
-                return Err(format!(
-                    "'{name}' is a keyword argument of JITFunction.run itself, never a kernel argument"
-                ));
-            }
-            let j = by_ptr.or_else(|| {
-                let key = borrowed(py, k);
-                let key = key.cast::<PyString>().ok()?;
-                let key = key.to_str().ok()?;
-                sig.param_names().iter().position(|name| name == key)
-            });
-            match j {
-                Some(j) if j < nargs || !slots[j].is_null() => {
-                    return Err(format!("got multiple values for argument '{}'", sig.param_names()[j]));
-                }
-                Some(j) => slots[j] = v,
-                None => b.opts.push((k, v)),
-            }
-        }
-        for (i, slot) in slots.iter_mut().enumerate().skip(nargs) {
-            if slot.is_null() {
-                match sig.default_of(i) {
-                    Some(d) => *slot = d.as_ptr(),
-                    None => return Err(format!("missing a required argument: '{}'", sig.param_names()[i])),
-                }
-            }
-        }
-        if b.opts.len() > 1 {
-            let name = |p: *mut ffi::PyObject| -> String {
-                let s = borrowed(py, p);
-                s.cast::<PyString>().ok().and_then(|s| s.to_str().ok().map(str::to_owned)).unwrap_or_default()
-            };
-            b.opts.sort_by_cached_key(|&(k, _)| name(k));
-        }
-        Ok(())
-    }
-
-    /// Whether keyword `k` (not interned, or not a parameter's name) spells a run keyword.
-    #[cold]
-    fn is_run_keyword(&self, py: Python<'_>, k: *mut ffi::PyObject) -> bool {
-        let key = borrowed(py, k);
-        let Ok(key) = key.cast::<PyString>() else { return false };
-        let Ok(key) = key.to_str() else { return false };
-        self.run_keywords.iter().any(|r| r.bind(py).to_str().is_ok_and(|r| r == key))
-    }
-
     /// Writes the key: header, device, knob state, sorted launch options, parameters. `persistent`:
     /// every leaf as `jitkey.encode` writes it (stable across processes), not the in-process tensor leaf.
-    fn encode_key(
+    fn encode_key<O>(
         &self,
         py: Python<'_>,
         enc: &mut Encoder,
         device: &Bound<'_, PyAny>,
+        st: &State<O>,
         b: &BoundArgs,
         persistent: bool,
     ) -> Result<(), Leave> {
@@ -256,18 +178,19 @@ impl Launcher {
             Leave::Fallback(err.into_value(py).into_any())
         };
         encode_into(device, enc).map_err(|e| unkeyable("the current device", e))?;
-        let kfn = self.kernel_fn.bind(py);
-        let v = kfn.getattr(intern!(py, "debug"))?;
-        encode_into(&v, enc).map_err(|e| unkeyable("fn.debug", e))?;
-        let v = self.runtime.bind(py).getattr(intern!(py, "debug"))?;
-        encode_into(&v, enc).map_err(|e| unkeyable("knobs.runtime.debug", e))?;
-        for (section, attr) in &self.knobs {
-            let v = section.bind(py).getattr(attr.bind(py))?;
-            encode_into(&v, enc).map_err(|e| unkeyable(&format!("the knob {attr}"), e))?;
+        match &st.key {
+            Ok(bytes) => enc.raw(bytes.as_slice()),
+            Err(reason) => return Err(Leave::Fallback(reason.clone_ref(py))),
         }
-        enc.tuple_header(b.opts.len()).map_err(|e| Leave::Raise(PyTypeError::new_err(e.to_string())))?;
-        for &(k, v) in &b.opts {
-            encode_into(&borrowed(py, k), enc).map_err(|e| unkeyable("a launch option name", e))?;
+        let opts = b.opts.as_slice();
+        enc.tuple_header(opts.len()).map_err(|e| Leave::Raise(PyTypeError::new_err(e.to_string())))?;
+        for (i, &(k, v)) in opts.iter().enumerate() {
+            match b.plan.as_ref().and_then(|p| p.encoded_name(i)) {
+                Some(name) => enc.raw(name), // the name as encode_into writes it, once per tuple of names
+                None => {
+                    encode_into(&borrowed(py, k), enc).map_err(|e| unkeyable("a launch option name", e))?
+                }
+            }
             encode_into(&borrowed(py, v), enc).map_err(|e| unkeyable("a launch option", e))?;
         }
         let params = if persistent {
@@ -280,17 +203,17 @@ impl Launcher {
     }
 
     /// Whether Triton still holds the entry's kernel where it was found (see `Entry::kcache`).
-    fn entry_current(
+    fn entry_current<'py, O: Obj<'py>>(
         &self,
-        py: Python<'_>,
-        entry: &Bound<'_, PyAny>,
-        device: &Bound<'_, PyAny>,
+        py: Python<'py>,
+        entry: &Bound<'py, PyAny>,
+        device: &Bound<'py, PyAny>,
+        st: &State<O>,
     ) -> PyResult<bool> {
         let Ok(entry) = entry.cast::<Entry>() else { return Ok(true) }; // launch_hit reports it
         let e = entry.get();
         let (Some(kcache), Some(tkey)) = (&e.kcache, &e.tkey) else { return Ok(true) };
-        let caches = self.kernel_fn.bind(py).getattr(intern!(py, "device_caches"))?;
-        let Ok(caches) = caches.cast::<PyDict>() else { return Ok(false) };
+        let Ok(caches) = st.device_caches.b(py).cast::<PyDict>() else { return Ok(false) };
         // PyDict_GetItem semantics: a defaultdict's factory is not called.
         let Some(per_device) = caches.get_item(device)? else { return Ok(false) };
         let Ok(per_device) = per_device.cast::<PyTuple>() else { return Ok(false) };
@@ -301,14 +224,30 @@ impl Launcher {
         Ok(kcache.get_item(tkey.bind(py))?.is_some_and(|ck| ck.is(e.ck.bind(py))))
     }
 
-    fn is_empty_hook(&self, py: Python<'_>, h: &Bound<'_, PyAny>) -> PyResult<bool> {
-        if h.is_none() {
-            return Ok(true);
+    /// The current device: torch's C shim when proven (`current`), else the Python getter (which
+    /// also runs when the shim reports an error, and raises torch's own error).
+    fn device<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, Option<i32>)> {
+        if let Some(c) = &self.current {
+            if let Some(d) = c.get().device_index() {
+                return Ok((d.into_pyobject(py)?.into_any(), Some(d)));
+            }
         }
-        match &self.hook_chain {
-            Some(t) if h.get_type().is(t.bind(py)) => Ok(!h.getattr(intern!(py, "calls"))?.is_truthy()?),
-            _ => Ok(false),
+        Ok((self.get_device.bind(py).call0()?, None))
+    }
+
+    /// The current stream of `device`, as `device` above.
+    fn stream<'py>(
+        &self,
+        py: Python<'py>,
+        device: &Bound<'py, PyAny>,
+        index: Option<i32>,
+    ) -> PyResult<Stream<'py>> {
+        if let (Some(c), Some(d)) = (&self.current, index) {
+            if let Some(s) = c.get().stream_of(d) {
+                return Ok(Stream::Raw(s));
+            }
         }
+        Ok(Stream::Object(call_one(py, self.get_stream.bind(py), device)?))
     }
 
     fn leave<'py>(&self, py: Python<'py>, why: Leave, call: &Call<'_>) -> PyResult<Bound<'py, PyAny>> {
@@ -321,12 +260,15 @@ impl Launcher {
         }
     }
 
-    fn launch_hit<'py>(
+    #[allow(clippy::too_many_arguments)]
+    fn launch_hit<'py, O: Obj<'py>>(
         &self,
         py: Python<'py>,
         entry: &Bound<'py, PyAny>,
         grid: &Borrowed<'_, 'py, PyAny>,
         device: &Bound<'py, PyAny>,
+        index: Option<i32>,
+        st: &State<O>,
         b: &BoundArgs,
     ) -> PyResult<Bound<'py, PyAny>> {
         let entry = entry.cast::<Entry>().map_err(|_| {
@@ -335,8 +277,7 @@ impl Launcher {
             )
         })?;
         let e = entry.get();
-        let kfn = self.kernel_fn.bind(py);
-        if kfn.getattr(intern!(py, "used_global_vals"))?.is_truthy()? {
+        if st.used_global_vals.b(py).is_truthy()? {
             self.check_globals.bind(py).call0()?;
         }
         let params = b.params();
@@ -365,24 +306,25 @@ impl Launcher {
                 if n > 2 { grid.get_item(2)? } else { one.clone() },
             )
         };
-        let stream = call_one(py, self.get_stream.bind(py), device)?;
-        let rt = self.runtime.bind(py);
-        let enter = rt.getattr(intern!(py, "launch_enter_hook"))?;
-        let exit = rt.getattr(intern!(py, "launch_exit_hook"))?;
+        let stream = self.stream(py, device, index)?;
         let ck = e.ck.bind(py);
         let none = py.None().into_bound(py);
-        let (md, enter, exit) = if self.is_empty_hook(py, &enter)? && self.is_empty_hook(py, &exit)? {
+        let (md, enter, exit) = if st.enter.is_empty(py)? && st.exit.is_empty(py)? {
             (none.clone(), none.clone(), none)
         } else {
             let md_fn = ck.getattr(intern!(py, "launch_metadata"))?;
-            let md = call_with(py, &md_fn, &[&[grid.as_ptr(), stream.as_ptr()], params])?;
-            (md, enter, exit)
+            let s = stream.object(py)?;
+            let md = call_with(py, &md_fn, &[&[grid.as_ptr(), s.as_ptr()], params])?;
+            (md, st.enter.obj.b(py).clone(), st.exit.obj.b(py).clone())
         };
         if let Some(plan) = &e.plan {
             // jitkey's own launch when the plan understands this call; else Triton's launcher below.
             let plan = plan.get();
             let mut slots = Slots::new();
-            let dev = device.extract::<i64>().unwrap_or(-1);
+            let dev = match index {
+                Some(d) => i64::from(d),
+                None => device.extract::<i64>().unwrap_or(-1),
+            };
             match plan.prepare([&g0, &g1, &g2], &stream, params, dev, &mut slots) {
                 Ok(l) => {
                     let hooks =
@@ -394,6 +336,7 @@ impl Launcher {
             }
         }
         // Everything before the parameters: the grid, stream, function, `mid` and the hook slots.
+        let stream = stream.object(py)?;
         let mut head = [null_mut(); 8 + MAX_MID];
         let fixed = [g0.as_ptr(), g1.as_ptr(), g2.as_ptr(), stream.as_ptr(), e.function.as_ptr()];
         let hooks = [md.as_ptr(), enter.as_ptr(), exit.as_ptr()];
@@ -410,13 +353,16 @@ impl Launcher {
 
 #[pymethods]
 impl Launcher {
-    /// `_TritonLauncher(kernel, sig, cache, info, runtime, npos, /)`: data only. The callbacks are
-    /// the kernel's own methods, found by name: `_jk_miss`, `_jk_native_fallback`,
+    /// `_TritonLauncher(kernel, sig, cache, info, runtime, npos, watch, /)`: data only. The
+    /// callbacks are the kernel's own methods, found by name: `_jk_miss`, `_jk_native_fallback`,
     /// `_jk_check_globals`; `info` is the `TritonInfo` (`knobs`, `knob_reads`,
     /// `checks_stages_hook`, `HookChain`, `run_keywords`); `runtime` has `get_device()` and
-    /// `get_stream(device)`.
+    /// `get_stream(device)`, and optionally `native`: a `_TorchCurrent` proven equal to them (or
+    /// None); `watch` has `problem` (why this launcher reads Triton's state on every call, or None)
+    /// and `kinds` (see `Launcher::watch`).
     #[new]
-    #[pyo3(signature = (kernel, sig, cache, info, runtime, npos, /))]
+    #[pyo3(signature = (kernel, sig, cache, info, runtime, npos, watch, /))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         kernel: &Bound<'_, PyAny>,
@@ -425,17 +371,39 @@ impl Launcher {
         info: &Bound<'_, PyAny>,
         runtime: &Bound<'_, PyAny>,
         npos: usize,
+        watch: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
         let names: Vec<_> =
             sig.get().param_names().iter().map(|n| PyString::intern(py, n).unbind()).collect();
+        let name_hashes =
+            names.iter().map(|n| n.bind(py).hash().map(|h| h as ffi::Py_hash_t)).collect::<PyResult<_>>()?;
         let npos = npos.min(names.len());
-        let knobs_obj = info.getattr("knobs")?;
-        let mut knobs = Vec::new();
+        let knobs_module = info.getattr("knobs")?;
+        let knobs_dict = knobs_module.getattr("__dict__")?.cast_into::<PyDict>()?;
+        let mut sections = vec![PyString::intern(py, "runtime").unbind()];
+        let mut knob_reads = Vec::new();
         for read in info.getattr("knob_reads")?.try_iter()? {
             let (_name, section, attr): (String, String, String) = read?.extract()?;
-            knobs.push((knobs_obj.getattr(section.as_str())?.unbind(), PyString::intern(py, &attr).unbind()));
+            let i = match sections.iter().position(|s| s.bind(py).to_str().is_ok_and(|s| s == section)) {
+                Some(i) => i,
+                None => {
+                    sections.push(PyString::intern(py, &section).unbind());
+                    sections.len() - 1
+                }
+            };
+            knob_reads.push((i, PyString::intern(py, &attr).unbind()));
         }
         let hook_chain = info.getattr("HookChain")?;
+        let current = match runtime.getattr_opt("native")? {
+            Some(c) if !c.is_none() => Some(c.cast_into::<TorchCurrent>()?.unbind()),
+            _ => None,
+        };
+        let problem = watch.getattr("problem")?;
+        let (watch, off) = if problem.is_none() {
+            (Some(watch.getattr("kinds")?.cast_into::<PyDict>()?.unbind()), None)
+        } else {
+            (None, Some(problem.str()?.unbind()))
+        };
         let mut run_keywords = Vec::new();
         for name in info.getattr("run_keywords")?.try_iter()? {
             let name: String = name?.extract()?;
@@ -445,17 +413,25 @@ impl Launcher {
             sig,
             cache,
             kernel_fn: kernel.clone().unbind(),
-            runtime: knobs_obj.getattr("runtime")?.unbind(),
-            knobs,
+            knobs_module: knobs_module.unbind(),
+            knobs_dict: knobs_dict.unbind(),
+            sections,
+            knob_reads,
             check_stages: info.getattr("checks_stages_hook")?.is_truthy()?,
             get_device: runtime.getattr("get_device")?.unbind(),
             get_stream: runtime.getattr("get_stream")?.unbind(),
+            current,
             hook_chain: if hook_chain.is_none() { None } else { Some(hook_chain.unbind()) },
             miss: kernel.getattr("_jk_miss")?.unbind(),
             fallback: kernel.getattr("_jk_native_fallback")?.unbind(),
             check_globals: kernel.getattr("_jk_check_globals")?.unbind(),
             names,
+            name_hashes,
+            kw_plans: KwPlans::default(),
             npos,
+            watch,
+            off,
+            kept: Kept::default(),
             run_keywords,
         })
     }
@@ -489,9 +465,14 @@ impl Launcher {
         let names: Vec<_> = kw.iter().map(|(k, _)| k.as_ptr()).collect();
         let values: Vec<_> = kw.iter().map(|(_, v)| v.as_ptr()).collect();
         let mut b = BoundArgs::new();
-        self.bind_params(py, &pos, &names, &values, &mut b)
+        self.bind_params(py, &pos, null_mut(), &names, &values, &mut b)
             .map_err(|m| ArgumentError::new_err(format!("arguments do not bind: {m}")))?;
-        with_encoder(|enc| match self.encode_key(py, enc, device, &b, persistent) {
+        let st = self.state(py)?;
+        let encoded = |enc: &mut Encoder| match &st {
+            Current::Kept(s) => self.encode_key(py, enc, device, &**s, &b, persistent),
+            Current::Read(s) => self.encode_key(py, enc, device, s, &b, persistent),
+        };
+        with_encoder(|enc| match encoded(enc) {
             Ok(()) => Ok(pyo3::types::PyBytes::new(py, enc.as_bytes())),
             Err(Leave::Raise(e)) => Err(e),
             Err(Leave::Fallback(reason)) => {
@@ -510,17 +491,36 @@ impl Launcher {
         self.cache.clone_ref(py)
     }
 
+    /// `state_counts() -> dict`: `watched` (calls served by the kept state of Triton's objects),
+    /// `reads` (times that state was read from the objects: on every call when it cannot be
+    /// watched) and `unwatched` (why the last read was not kept, or None).
+    fn state_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.state_counts_dict(py)
+    }
+
+    /// `native_current -> bool`: whether the device and stream are read through torch's C shim.
+    #[getter]
+    fn native_current(&self) -> bool {
+        self.current.is_some()
+    }
+
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.sig)?;
         visit.call(&self.cache)?;
         visit.call(&self.kernel_fn)?;
-        visit.call(&self.runtime)?;
-        for (o, a) in &self.knobs {
-            visit.call(o)?;
+        visit.call(&self.knobs_module)?;
+        visit.call(&self.knobs_dict)?;
+        for n in &self.sections {
+            visit.call(n)?;
+        }
+        for (_, a) in &self.knob_reads {
             visit.call(a)?;
         }
         visit.call(&self.get_device)?;
         visit.call(&self.get_stream)?;
+        if let Some(c) = &self.current {
+            visit.call(c)?;
+        }
         if let Some(h) = &self.hook_chain {
             visit.call(h)?;
         }
@@ -530,7 +530,19 @@ impl Launcher {
         for n in &self.names {
             visit.call(n)?;
         }
-        Ok(())
+        if let Some(w) = &self.watch {
+            visit.call(w)?;
+        }
+        if let Some(o) = &self.off {
+            visit.call(o)?;
+        }
+        self.kw_plans.visit(&visit)?;
+        self.visit_kept(&visit)
+    }
+
+    fn __clear__(&self) {
+        self.clear_kept();
+        self.kw_plans.clear();
     }
 }
 
@@ -565,14 +577,23 @@ impl Call<'_> {
 
 impl Launcher {
     pub(super) fn run<'py>(&self, py: Python<'py>, call: &Call<'_>) -> PyResult<Bound<'py, PyAny>> {
-        let kfn = self.kernel_fn.bind(py);
-        if kfn.getattr(intern!(py, "pre_run_hooks"))?.is_truthy()? {
+        match self.state(py)? {
+            Current::Kept(st) => self.run_with(py, call, &*st),
+            Current::Read(st) => self.run_with(py, call, &st),
+        }
+    }
+
+    fn run_with<'py, O: Obj<'py>>(
+        &self,
+        py: Python<'py>,
+        call: &Call<'_>,
+        st: &State<O>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if st.pre_run_hooks.b(py).is_truthy()? {
             let why = Leave::Fallback(intern!(py, "pre_run_hooks").clone().into_any().unbind());
             return self.leave(py, why, call);
         }
-        if self.check_stages
-            && !self.runtime.bind(py).getattr(intern!(py, "add_stages_inspection_hook"))?.is_none()
-        {
+        if st.stages_hook {
             let why =
                 intern!(py, "knobs.runtime.add_stages_inspection_hook is set").clone().into_any().unbind();
             return self.leave(py, Leave::Fallback(why), call);
@@ -591,28 +612,28 @@ impl Launcher {
             *slot = unsafe { tuple_item(call.kwnames, i as ffi::Py_ssize_t) };
         }
         let mut b = BoundArgs::new();
-        match self.bind_params(py, call.pos, kw_names, call.kw_values, &mut b) {
+        match self.bind_params(py, call.pos, call.kwnames, kw_names, call.kw_values, &mut b) {
             Ok(()) => {}
             Err(msg) => {
                 let why = PyString::new(py, &format!("arguments do not bind: {msg}")).into_any().unbind();
                 return self.leave(py, Leave::Fallback(why), call);
             }
         };
-        let device = self.get_device.bind(py).call0()?;
+        let (device, index) = self.device(py)?;
         let probe = with_encoder(|enc| -> Result<Probe<'py>, Leave> {
-            self.encode_key(py, enc, &device, &b, false)?;
+            self.encode_key(py, enc, &device, st, &b, false)?;
             let key = enc.as_bytes();
             let h = fast_hash_state().hash(key);
             Ok(match self.cache.get().get_encoded(py, h, key) {
                 // An entry whose kernel Triton no longer holds (its cache was cleared or
                 // replaced) is a miss: Triton is asked again, under the same key.
-                Some(v) if self.entry_current(py, &v, &device)? => Probe::Hit(v),
+                Some(v) if self.entry_current(py, &v, &device, st)? => Probe::Hit(v),
                 _ => Probe::Miss(h, key.to_vec()),
             })
         });
         let grid = borrowed(py, call.grid);
         match probe {
-            Ok(Probe::Hit(entry)) => self.launch_hit(py, &entry, &grid, &device, &b),
+            Ok(Probe::Hit(entry)) => self.launch_hit(py, &entry, &grid, &device, index, st, &b),
             Ok(Probe::Miss(h, key)) => {
                 let (grid_obj, args, kwargs) = call.to_python(py)?;
                 let out = self.miss.bind(py).call1((grid_obj, args, kwargs))?;
@@ -627,7 +648,16 @@ impl Launcher {
                 // `(MISS, entry)`: the miss found the kernel without launching it (jitkey's disk index):
                 // it is launched now, as a hit.
                 if ret.is(crate::signature::miss(py).bind(py)) {
-                    return self.launch_hit(py, entry.as_any(), &grid, &device, &b);
+                    // Triton's state as it is now (the miss ran Python code: a compile may have set the
+                    // kernel's used_global_vals, for one).
+                    return match self.state(py)? {
+                        Current::Kept(s) => {
+                            self.launch_hit(py, entry.as_any(), &grid, &device, index, &*s, &b)
+                        }
+                        Current::Read(s) => {
+                            self.launch_hit(py, entry.as_any(), &grid, &device, index, &s, &b)
+                        }
+                    };
                 }
                 Ok(ret)
             }
@@ -656,5 +686,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CompiledLaunch>()?;
     m.add_class::<Launcher>()?;
     m.add_class::<KernelBase>()?;
+    state::register(m)?;
     plan::register(m)
 }

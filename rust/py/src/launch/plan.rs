@@ -20,6 +20,35 @@ use pyo3::types::{PyDict, PyTuple};
 use super::pack::{grid_value, int_value, pack_param, Decline, Param, Slots, DECLINES};
 use crate::cuda::{self, Dialect, DriverError, Launch, CUDA_ERROR_INVALID_VALUE, TRITON_ATTRIBUTE_ROOM};
 
+/// The stream of a launch: as torch's C shim returned it (`crate::torch::TorchCurrent`), or the
+/// object a Python getter returned (what Triton's launcher would be passed).
+pub(crate) enum Stream<'py> {
+    Raw(u64),
+    Object(Bound<'py, PyAny>),
+}
+
+impl<'py> Stream<'py> {
+    /// The stream as the launch configuration takes it, or `None` when the object is not an int in
+    /// `[0, 2**64)` (the call is then declined).
+    pub(crate) fn raw(&self) -> Option<u64> {
+        match self {
+            Stream::Raw(s) => Some(*s),
+            Stream::Object(o) => match int_value(o.as_ptr()) {
+                Some(s) if s >= 0 && s <= i128::from(u64::MAX) => Some(s as u64),
+                _ => None,
+            },
+        }
+    }
+
+    /// The stream as a Python object (the int `_cuda_getCurrentRawStream` would return).
+    pub(crate) fn object(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        match self {
+            Stream::Raw(s) => Ok(s.into_pyobject(py)?.into_any()),
+            Stream::Object(o) => Ok(o.clone()),
+        }
+    }
+}
+
 /// A scratch buffer the kernel needs: `allocator.get()(grid * num_ctas * size, align, stream)`.
 struct Scratch {
     size: i64,
@@ -59,17 +88,14 @@ impl LaunchPlan {
     pub(crate) fn prepare(
         &self,
         grid: [&Bound<'_, PyAny>; 3],
-        stream: &Bound<'_, PyAny>,
+        stream: &Stream<'_>,
         params: &[*mut ffi::PyObject],
         device: i64,
         out: &mut Slots,
     ) -> Result<Launch, usize> {
         let g = |o: &Bound<'_, PyAny>| grid_value(o).ok_or(Decline::Grid as usize);
         let grid = [g(grid[0])?, g(grid[1])?, g(grid[2])?];
-        let stream = match int_value(stream.as_ptr()) {
-            Some(s) if s >= 0 && s <= i128::from(u64::MAX) => s as u64,
-            _ => return Err(Decline::Stream as usize),
-        };
+        let stream = stream.raw().ok_or(Decline::Stream as usize)?;
         if params.len() != self.params.len() {
             return Err(Decline::Arity as usize);
         }
@@ -94,23 +120,23 @@ impl LaunchPlan {
         py: Python<'py>,
         s: &Option<Scratch>,
         l: &Launch,
-        stream: &Bound<'py, PyAny>,
+        stream: &Stream<'py>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let Some(s) = s else { return Ok(None) };
         let grid: i128 = l.grid.iter().map(|&g| i128::from(g)).product();
         let size = grid * i128::from(self.scratch_ctas) * i128::from(s.size);
         let alloc_fn = s.allocator.bind(py).call_method0(pyo3::intern!(py, "get"))?;
-        alloc_fn.call1((size, s.align, stream)).map(Some)
+        alloc_fn.call1((size, s.align, stream.object(py)?)).map(Some)
     }
 
     /// Launches a packed call as Triton's `CudaLauncher.__call__` and C `launch` would: scratch
     /// allocation, context check, enter hook, scratch pointers, the launch (GIL released), exit hook.
-    pub(crate) fn launch_packed(
+    pub(crate) fn launch_packed<'py>(
         &self,
-        py: Python<'_>,
+        py: Python<'py>,
         slots: &mut Slots,
         l: &Launch,
-        stream: &Bound<'_, PyAny>,
+        stream: &Stream<'py>,
         hooks: Option<(&Bound<'_, PyAny>, &Bound<'_, PyAny>, &Bound<'_, PyAny>)>,
     ) -> PyResult<()> {
         let drv = self.drv;
@@ -275,8 +301,9 @@ impl LaunchPlan {
     ) -> PyResult<bool> {
         let objs: Vec<_> = params.iter().map(|p| p.as_ptr()).collect();
         let mut slots = Slots::new();
-        match self.prepare([gx, gy, gz], stream, &objs, device_index(device), &mut slots) {
-            Ok(l) => self.launch_packed(py, &mut slots, &l, stream, None).map(|()| true),
+        let stream = Stream::Object(stream.clone());
+        match self.prepare([gx, gy, gz], &stream, &objs, device_index(device), &mut slots) {
+            Ok(l) => self.launch_packed(py, &mut slots, &l, &stream, None).map(|()| true),
             Err(why) => {
                 self.count_decline(why);
                 Ok(false)
@@ -310,8 +337,9 @@ impl LaunchPlan {
         let objs: Vec<_> = params.iter().map(|p| p.as_ptr()).collect();
         let grid = [gx, gy, gz];
         let dev = device_index(device);
+        let stream = Stream::Object(stream.clone());
         let pack = |slots: &mut Slots| {
-            self.prepare(grid, stream, &objs, dev, slots)
+            self.prepare(grid, &stream, &objs, dev, slots)
                 .map_err(|why| PyValueError::new_err(format!("_floor: declined: {}", DECLINES[why])))
         };
         let mut slots = Slots::new();

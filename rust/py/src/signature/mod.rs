@@ -114,6 +114,24 @@ impl Signature {
         self.defaults[i].as_ref()
     }
 
+    /// Fills every empty (null) slot from `from` on with its parameter's default (borrowed: the
+    /// signature keeps it alive); `Err` names the first required parameter left without a value.
+    pub(crate) fn fill_defaults(
+        &self,
+        slots: &mut [*mut pyo3::ffi::PyObject],
+        from: usize,
+    ) -> Result<(), String> {
+        for (i, slot) in slots.iter_mut().enumerate().skip(from) {
+            if slot.is_null() {
+                match &self.defaults[i] {
+                    Some(d) => *slot = d.as_ptr(),
+                    None => return Err(format!("missing a required argument: '{}'", self.names[i])),
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Writes the signature's header (plan description + `extra`).
     #[inline]
     pub(crate) fn encode_header(&self, enc: &mut Encoder) {

@@ -12,7 +12,10 @@
 //! Nothing here runs Python code on the hot path: a dtype costs a pointer scan, a device torch's
 //! C-level `==` against canonical device objects, a tensor's fields a few loads once
 //! `python/jitkey/_tensor_fields.py` has proven their layout.
+//!
+//! `current`: the current CUDA device and stream through torch's stable C shim (`_TorchCurrent`).
 
+mod current;
 mod tensor;
 mod tensor_impl;
 
@@ -24,6 +27,7 @@ use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 
+pub(crate) use current::TorchCurrent;
 pub(crate) use tensor::{encode_in_process, encode_tensor};
 use tensor_impl::{_install_tensor_layout, _tensor_layout_installed};
 pub(crate) use tensor_impl::{cuda_data_ptr, layout};
@@ -315,5 +319,6 @@ fn device_of_slow(dev: &Bound<'_, PyAny>) -> Result<(&'static str, i64), TorchEr
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_install_tensor_layout, m)?)?;
     m.add_function(wrap_pyfunction!(_tensor_layout_installed, m)?)?;
+    m.add_class::<TorchCurrent>()?;
     Ok(())
 }
