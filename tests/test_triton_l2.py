@@ -465,3 +465,57 @@ def test_the_lazy_launcher_loads_as_triton_and_builds_the_launcher_at_its_first_
     assert (
         triton_err[1:2] + triton_err[3:] == lazy_err[1:2] + lazy_err[3:]
     )  # same error, same error again after
+
+
+CONFLICTING = """
+import triton
+import triton.language as tl
+
+G = tl.constexpr(0)
+
+
+@triton.jit
+def inner():
+    a = G  # noqa: F841
+
+
+@triton.jit
+def kernel1():
+    a = G  # noqa: F841
+    inner()
+
+
+@triton.jit
+def kernel2():
+    a = G  # noqa: F841
+    inner()
+"""
+
+
+def test_a_cache_key_that_raises_leaves_the_kernel_to_raise_again(tmp_path: Path, monkeypatch: Any) -> None:
+    """Triton's runtime/test_cache.py::test_conflicting_global_in_inner_function: ``cache_key`` raises for a
+    kernel whose inner kernel saw another value of a global, and Triton's property leaves a placeholder hash
+    behind when it raises. The L2 reads ``cache_key`` before Triton's compile path does; read through
+    ``_installed.cache_key`` the kernel is left as it was, so Triton's own read raises the same error (read
+    directly, Triton's next read would return the placeholder and compile on to another error)."""
+    import importlib
+
+    import jitkey.triton
+    from jitkey.triton._installed import cache_key
+
+    (tmp_path / "conflicting_mod.py").write_text(CONFLICTING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    jitkey.triton.install()
+    try:
+        mod = importlib.import_module("conflicting_mod")
+    finally:
+        jitkey.triton.uninstall()
+    assert isinstance(mod.kernel2, jitkey.triton.TritonKernel)
+    assert cache_key(mod.kernel1)  # the inner kernel records G == 0
+    mod.G = 1
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="Global variable G has value 1"):
+            cache_key(mod.kernel2)
+        assert mod.kernel2.hash is None
+    with pytest.raises(RuntimeError, match="Global variable G has value 1"):
+        mod.kernel2.cache_key  # noqa: B018  (Triton's own read, after jitkey's)

@@ -237,6 +237,7 @@ def run_bench(batches: int = 100, launches: int = 200) -> dict[str, Any]:
     for label, kernel, args, out, ref in cases:
         jk = jt.bind(kernel)
         ck = kernel[GRID](*args)  # compile (Triton's own path) and get the CompiledKernel
+        jk[GRID](*args)  # jitkey's first launch (it also reads torch's tensor layout, which the floor uses)
         run, function, pm = ck.run, ck.function, ck.packed_metadata
         g0 = GRID[0]
         x0, y0 = args[0], args[1]

@@ -515,10 +515,25 @@ def _dtype_key(d: Any) -> Any:
     return d.name
 
 
+def cache_key(f: Any) -> Any:
+    """``f.cache_key`` (a ``JITCallable``'s: its source, its dependencies and the constexpr globals it reads),
+    leaving ``f`` as it was when it raises: Triton's property stores a placeholder hash before it visits the
+    source, and one that raises (an inner kernel's conflicting global) leaves the placeholder behind, so a
+    later read by Triton's own path would return it instead of raising Triton's error."""
+    had = "hash" in f.__dict__
+    before = f.__dict__.get("hash")
+    try:
+        return f.cache_key
+    except BaseException:
+        if had:
+            f.hash = before
+        raise
+
+
 def _callable_key(f: Any) -> Any:
     # Triton keys a JITCallable (a jit function passed as an argument, a constexpr function) by its
-    # cache_key: its source, its dependencies and the constexpr globals it reads.
-    return f.cache_key
+    # cache_key.
+    return cache_key(f)
 
 
 def _wrapper_key(w: Any) -> Any:

@@ -250,13 +250,18 @@ def lookup(kernel: Any, launcher: Any, device: int, args: tuple[Any, ...], kwarg
     dialect, why = process_status()
     if dialect is None:
         return None
-    from jitkey.triton._installed import triton_info
+    from jitkey.triton._installed import cache_key, triton_info
 
     info = triton_info()
     knobs = info.knobs
     why = _call_problem(knobs)
     if why is not None:
         stats.l2_skipped[why] += 1
+        return None
+    try:
+        content = cache_key(kernel)  # leaves the kernel as it was if it raises
+    except Exception as exc:  # Triton's own path computes it again and raises its error
+        stats.l2_skipped[f"not keyable for the L2 ({type(exc).__name__} from cache_key)"] += 1
         return None
     try:
         call_key = launcher.key(args, kwargs, device, persistent=True)
@@ -290,7 +295,7 @@ def lookup(kernel: Any, launcher: Any, device: int, args: tuple[Any, ...], kwarg
                 VERSION,
                 __version__,
                 _installation.fingerprint(),
-                kernel.cache_key,
+                content,
                 call_key,
                 tgt,
                 ptxas,
