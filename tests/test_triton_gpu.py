@@ -586,7 +586,7 @@ def test_driver_launch_declines_what_triton_rejects_and_raises_the_same():
         reasons = kernel.cache_stats()["launcher_reasons"]
         assert set(reasons) <= {
             "an integer argument is not an int in its type's range",
-            "a float argument is not a finite float (or an int)",
+            "a float argument is NaN, or too large for its float type (or an int too large for a double)",
         }, reasons
 
 
@@ -733,7 +733,8 @@ def test_a_knob_flipped_between_two_launches_gets_tritons_kernel_for_it():
         knobs.runtime.debug = True
         debug = kernel[grid](x, y, out, n, BLOCK=256)
         assert debug is not first and debug.metadata.debug
-        assert kernel[grid](x, y, out, n, BLOCK=256) is debug
+        assert kernel[grid](x, y, out, n, BLOCK=256) is debug  # reads the state again (after a miss)
+        assert kernel[grid](x, y, out, n, BLOCK=256) is debug  # served by the kept state
         assert add_kernel[grid](x, y, out, n, BLOCK=256).metadata.debug  # plain Triton agrees
     assert kernel[grid](x, y, out, n, BLOCK=256) is first
     assert add_kernel[grid](x, y, out, n, BLOCK=256) is plain

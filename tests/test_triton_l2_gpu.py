@@ -54,8 +54,8 @@ out = {"calls": []}
 n = 5000
 for dt in (torch.float32, torch.float16, torch.bfloat16):
     for a, offset in ((2, 0), (3, 1)):
-        x = torch.randn(n + 1, device="cuda", dtype=dt)[offset:]
-        y = torch.randn(n + 1, device="cuda", dtype=dt)[offset:]
+        x = torch.randn(n + 1, device="cuda", dtype=dt)[offset : offset + n]
+        y = torch.randn(n + 1, device="cuda", dtype=dt)[offset : offset + n]
         o = torch.empty_like(x)
         ck = axpy[(triton.cdiv(n, 512),)](x, y, o, n, A=a, BLOCK=512)
         torch.cuda.synchronize()
