@@ -519,3 +519,41 @@ def test_a_cache_key_that_raises_leaves_the_kernel_to_raise_again(tmp_path: Path
         assert mod.kernel2.hash is None
     with pytest.raises(RuntimeError, match="Global variable G has value 1"):
         mod.kernel2.cache_key  # noqa: B018  (Triton's own read, after jitkey's)
+
+
+ANNOTATED = """
+import triton
+import triton.language as tl
+
+
+def annotate(**types):
+    def deco(f):
+        f.__annotations__ = dict(types)
+        return f
+
+    return deco
+
+
+@triton.jit
+@annotate(v="tl.uint8")
+def store_v(x_ptr, v):
+    tl.store(x_ptr, v)
+"""
+
+
+def test_an_annotation_set_apart_from_the_source_is_part_of_the_key(tmp_path: Path) -> None:
+    """Triton's language/test_annotations.py sets a parameter's annotation with a decorator under
+    ``@triton.jit``: the kernel's source (and ``cache_key``) stay the same, but Triton's binder types the int by
+    the annotation and compiles another kernel. The L2 keys the annotations, so it misses and the launch is
+    plain Triton's (it returned the kernel compiled for the first annotation before)."""
+    scene = Scene(tmp_path, ANNOTATED, [["store_v", [["t", "float32"], 3], {}]])
+    first = scene.run("jitkey")
+    assert l2(first, "l2_recorded") == 1
+    scene.write(ANNOTATED.replace('v="tl.uint8"', 'v="tl.int16"'))
+    jk, plain = scene.run("jitkey"), scene.run("plain")
+    assert_same(jk, plain)
+    assert jk["calls"][0]["hash"] != first["calls"][0]["hash"]
+    assert l2(jk, "l2_hits") == 0 and l2(jk, "l2_misses") == 1
+    again = scene.run("jitkey")
+    assert l2(again, "l2_hits") == 1
+    assert_same(again, plain)

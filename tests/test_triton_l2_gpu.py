@@ -61,8 +61,11 @@ for dt in (torch.float32, torch.float16, torch.bfloat16):
         torch.cuda.synchronize()
         ok = torch.allclose(o.float(), (x.float() * a + y.float()), rtol=2e-2, atol=2e-2)
         out["calls"].append([str(dt), a, offset, ck.hash, bool(ok), type(ck._run).__name__])
-# A call the launch plan declines (a tensor subclass): Triton's launcher, built now if it was deferred.
-x = torch.nn.Parameter(torch.randn(n, device="cuda"), requires_grad=False)
+# A call the launch plan declines (a tensor subclass; nn.Parameter is launched natively): Triton's
+# launcher, built now if it was deferred.
+class Sub(torch.Tensor):
+    pass
+x = torch.randn(n, device="cuda").as_subclass(Sub)
 y = torch.randn(n, device="cuda")
 o = torch.empty_like(y)
 ck = axpy[(triton.cdiv(n, 512),)](x, y, o, n, A=2, BLOCK=512)

@@ -45,7 +45,7 @@ from jitkey._core import digest
 from jitkey.triton import _installation
 
 SCHEMA = "jitkey.triton.l2"
-VERSION = 1
+VERSION = 2  # 2: the parameters' annotations and specialization opt-outs are in the key
 
 # The code of the Triton functions the L2 mirrors or stands in for (whitespace-normalized, comments dropped,
 # hashed by ``_l2_code_digest``): the compile path's cache-hit branch and its key, the CompiledKernel it
@@ -296,6 +296,7 @@ def lookup(kernel: Any, launcher: Any, device: int, args: tuple[Any, ...], kwarg
                 __version__,
                 _installation.fingerprint(),
                 content,
+                _params_key(kernel),
                 call_key,
                 tgt,
                 ptxas,
@@ -327,6 +328,23 @@ def lookup(kernel: Any, launcher: Any, device: int, args: tuple[Any, ...], kwarg
     _init_handles(ck, dialect, info)
     stats.l2_hits += 1
     return Loaded(ck, kernel_cache, tkey)
+
+
+def _params_key(kernel: Any) -> tuple[Any, ...]:
+    """What Triton's binder reads of each parameter besides the argument: its annotation (``v: tl.uint8``
+    compiles another kernel for the same int), const-ness and the specialization opt-outs. The kernel's
+    ``cache_key`` does not cover them (it hashes the source, and annotations may be set apart from it)."""
+    return tuple(
+        (
+            p.name,
+            p.annotation_type,
+            p.is_const,
+            p.is_constexpr,
+            p.do_not_specialize,
+            p.do_not_specialize_on_alignment,
+        )
+        for p in kernel.params
+    )
 
 
 def _init_handles(ck: Any, dialect: str, info: Any) -> None:
