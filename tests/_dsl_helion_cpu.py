@@ -52,6 +52,11 @@ for kernel, args in cases:
         got, want = kernel(*a1), own(kernel, *a2)
         if not (same(got, want) and all(same(p, q) for p, q in zip(a1, a2, strict=True))):
             mismatches.append(f"{kernel.name} call {i} {[getattr(a, 'shape', a) for a in args]}")
+# A kernel whose site cannot be made (a default jitkey cannot key): left to Helion, counted, results Helion's.
+v, w = torch.randn(16), torch.randn(16)
+epilogue_ok = all(same(k.add_epilogue(v, w), own(k.add_epilogue, v, w)) for _ in range(3))
+epilogue_ok = epilogue_ok and same(k.add_epilogue(v, w), (v + w) * 2)
+declined = {r: n for r, n in jh.report()["declined"].items() if "epilogue" in r}
 x, b = torch.randn(4, 8), torch.randn(8)
 site = k.add_bcast._jk_call.site
 keys = {
@@ -81,6 +86,8 @@ print(
             "scalar_keyed": keys["scalar"],
             "grad_mode_keyed": keys["grad_mode"],
             "reset_drops_plans": had_plan and site.plan(x, b) is None,
+            "epilogue_ok": epilogue_ok,
+            "epilogue_declined": declined,
         }
     )
 )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import helion
 import helion.language as hl
 import torch
@@ -44,4 +46,17 @@ def col_sum(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty([n], dtype=torch.float32, device=x.device)
     for tile_n in hl.tile(n):
         out[tile_n] = x[:, tile_n].to(torch.float32).sum(0)
+    return out
+
+
+@helion.kernel(autotune_effort="none")
+def add_epilogue(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    epilogue: Callable[[torch.Tensor, tuple[torch.Tensor, ...]], torch.Tensor] = lambda acc, tile: acc * 2,
+) -> torch.Tensor:
+    # A function default, as Helion's matmul examples take epilogues: jitkey cannot key it, Helion runs it.
+    out = torch.empty_like(x)
+    for tile in hl.tile(out.size()):
+        out[tile] = epilogue(x[tile] + y[tile], (tile,))
     return out

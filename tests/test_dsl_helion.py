@@ -41,6 +41,9 @@ def test_helion_under_the_interpreter_matches_helions_own_path(tmp_path):
     assert out["replays"] >= 14  # every case replays from its third call
     assert out["keys_differ"] and out["scalar_keyed"] and out["grad_mode_keyed"]
     assert out["reset_drops_plans"]
+    # Helion's matmul examples take a function default (epilogue=...): the kernel is left to Helion, counted
+    assert out["epilogue_ok"]
+    assert list(out["epilogue_declined"].values()) == [1], out["epilogue_declined"]
 
 
 def test_unknown_helion_version_is_refused(monkeypatch):

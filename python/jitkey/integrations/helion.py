@@ -118,14 +118,18 @@ def _make(kernel: Any) -> _SiteRef:
                 return None
             return dsl.Bound(run, (bk, "_run"))
 
-        site = dsl.Site(
-            f"helion:{kernel.name}",
-            kernel.signature,
-            bind,
-            fallback=functools.partial(orig_call, kernel),
-            checks=_checks(),
-            device=False,  # Helion's host code allocates and launches by its tensors' devices
-        )
+        try:
+            site = dsl.Site(
+                f"helion:{kernel.name}",
+                kernel.signature,
+                bind,
+                fallback=functools.partial(orig_call, kernel),
+                checks=_checks(),
+                device=False,  # Helion's host code allocates and launches by its tensors' devices
+            )
+        except Exception as exc:  # e.g. a default jitkey cannot key (a function): Helion's own path, counted
+            dsl.declined[f"helion: {type(exc).__name__}: {exc}"] += 1
+            site = None
         ref = _SiteRef(site)
     kernel._jk_call = ref
     return ref
