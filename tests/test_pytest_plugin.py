@@ -75,3 +75,35 @@ def test_without_triton_the_plugin_warns_and_the_run_passes(tmp_path: Path) -> N
 def test_a_bad_top_is_a_usage_error(tmp_path: Path) -> None:
     proc = run_pytest(tmp_path, PASSING, "--jitkey-top=-3")
     assert proc.returncode == 4 and "expected a count >= 0" in proc.stderr, proc.stdout + proc.stderr
+
+
+CONFTEST_KERNEL = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def conftest_kernel(x_ptr, BLOCK: tl.constexpr):
+    pass
+"""
+USES_CONFTEST = """
+import json
+
+
+def test_the_conftest_kernel_is_routed(request):
+    from conftest import conftest_kernel
+    import jitkey.triton
+
+    assert isinstance(conftest_kernel, jitkey.triton.TritonKernel), type(conftest_kernel)
+"""
+
+
+def test_a_kernel_decorated_by_the_suites_conftest_is_routed(tmp_path: Path) -> None:
+    """A suite whose conftest.py imports its kernel library (FlagGems' does) gets routed kernels: the plugin
+    installs before the initial conftests are imported, not at pytest_configure (which comes after them)."""
+    pytest.importorskip("triton")
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(CONFTEST_KERNEL))
+    proc = run_pytest(tmp_path, USES_CONFTEST, f"--jitkey-report-json={tmp_path / 'r.json'}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    off = run_pytest(tmp_path, USES_CONFTEST, "--jitkey-off")
+    assert off.returncode == 1 and "JITFunction" in off.stdout, off.stdout + off.stderr

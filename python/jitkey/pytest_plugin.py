@@ -1,8 +1,8 @@
 """Run a test suite with every user Triton kernel routed through jitkey, and report the fast path's coverage.
 
-``pytest -p jitkey.pytest_plugin`` calls :func:`jitkey.triton.install` before collection (so every kernel the
-tests' modules decorate with ``triton.jit`` is a :class:`jitkey.triton.TritonKernel`; Triton's own library
-kernels stay Triton's) and prints, at the end, what the kernels' launches did: kernels, launches, hits,
+``pytest -p jitkey.pytest_plugin`` calls :func:`jitkey.triton.install` before the suite's conftest.py files are
+imported (so every kernel the suite's conftest files and test modules decorate with ``triton.jit`` is a
+:class:`jitkey.triton.TritonKernel`; Triton's own library kernels stay Triton's) and prints, at the end, what the kernels' launches did: kernels, launches, hits,
 misses, fallbacks by reason, the misses the L2 served (kernels an earlier process compiled, loaded from jitkey's
 disk index) and the busiest kernels. With pytest-xdist the workers' numbers are summed.
 
@@ -70,11 +70,26 @@ def _guard(config: pytest.Config, what: str, fn: Callable[[], Any]) -> Any:
         return None
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: Any, args: Any) -> None:
+    """Route before the suite's own conftest.py files are imported: a conftest that imports a kernel library
+    (FlagGems' does) decorates its kernels then. Called only when the plugin is loaded with ``-p`` or as an
+    installed plugin; :func:`pytest_configure` installs otherwise (both are idempotent). The options are not
+    parsed into the config yet here: they are read from the known arguments parsed so far."""
+    known = early_config.known_args_namespace
+    _install(early_config, bool(known.jitkey_off), bool(known.jitkey_integrations))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config._jitkey_reports = []  # type: ignore[attr-defined]
+    _install(config, config.getoption("--jitkey-off"), config.getoption("--jitkey-integrations"))
+
+
+def _install(config: pytest.Config, off: bool, with_integrations: bool) -> None:
     _problems(config)
-    if config.getoption("--jitkey-off"):
+    if getattr(config, "_jitkey_installed", False) or off:
         return
+    config._jitkey_installed = True  # type: ignore[attr-defined]
 
     def install() -> None:
         import jitkey.triton
@@ -82,7 +97,7 @@ def pytest_configure(config: pytest.Config) -> None:
         jitkey.triton.install()
 
     _guard(config, "not routing triton.jit through jitkey", install)
-    if config.getoption("--jitkey-integrations"):
+    if with_integrations:
 
         def integrations() -> None:
             import jitkey.integrations
@@ -163,8 +178,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 def _report(config: pytest.Config) -> dict[str, Any]:
     reports = list(config._jitkey_reports)  # type: ignore[attr-defined]
     local = _local_report(config)
-    if local is not None and local["kernels"]:
-        reports.append(local)
+    if local is not None and (local["kernels"] or (local.get("dsl") or {}).get("sites")):
+        reports.append(local)  # (a run whose kernels stayed Triton's may still have DSL sites)
     import jitkey.triton
 
     top = config.getoption("--jitkey-top")
