@@ -19,8 +19,9 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 
 use super::plan::Plan;
 use crate::keys::{encode_into, fast_hash_state, tuple_item, with_encoder};
+use crate::launch::Leave;
 use crate::lru::PyLruCache;
-use crate::signature::Signature;
+use crate::signature::{ArgSlots, Signature};
 
 #[pyclass(name = "_Site", module = "jitkey._core", frozen)]
 pub(crate) struct Site {
@@ -39,35 +40,6 @@ pub(crate) struct Site {
     replays: AtomicU64,
     bound_calls: AtomicU64,
     stale: AtomicU64,
-}
-
-/// The call's arguments bound to the site's parameters (borrowed pointers: the call's arguments and
-/// the signature's defaults, alive for the call).
-struct Slots {
-    stack: [*mut ffi::PyObject; 16],
-    heap: Vec<*mut ffi::PyObject>,
-    n: usize,
-}
-
-impl Slots {
-    fn get(&self) -> &[*mut ffi::PyObject] {
-        if self.n <= self.stack.len() {
-            &self.stack[..self.n]
-        } else {
-            &self.heap
-        }
-    }
-}
-
-enum Leave {
-    Fallback(Py<PyAny>),
-    Raise(PyErr),
-}
-
-impl From<PyErr> for Leave {
-    fn from(e: PyErr) -> Self {
-        Leave::Raise(e)
-    }
 }
 
 /// Whether an argument's identity may matter to a DSL's decisions: anything but the immutable
@@ -96,20 +68,14 @@ impl Site {
         py: Python<'_>,
         args: &[*mut ffi::PyObject],
         kw: Option<(&[*mut ffi::PyObject], *mut ffi::PyObject)>,
-        out: &mut Slots,
+        out: &mut ArgSlots,
     ) -> Result<(), String> {
         let sig = self.sig.get();
         let n = self.names.len();
         if args.len() > self.npos {
             return Err(format!("{} positional arguments where the site takes {}", args.len(), self.npos));
         }
-        out.n = n;
-        let slots: &mut [*mut ffi::PyObject] = if n <= out.stack.len() {
-            &mut out.stack[..n]
-        } else {
-            out.heap.resize(n, std::ptr::null_mut());
-            &mut out.heap
-        };
+        let slots = out.reset(n);
         slots[..args.len()].copy_from_slice(args);
         if let Some((values, names)) = kw {
             for (i, &v) in values.iter().enumerate() {
@@ -246,7 +212,7 @@ impl Site {
                 return self.leave(py, Leave::Fallback(reason.clone_ref(py).into_any()), args, kw);
             }
         }
-        let mut slots = Slots { stack: [std::ptr::null_mut(); 16], heap: Vec::new(), n: 0 };
+        let mut slots = ArgSlots::new();
         if let Err(msg) = self.bind(py, args, kw, &mut slots) {
             let why = PyString::new(py, &format!("arguments do not bind: {msg}")).into_any().unbind();
             return self.leave(py, Leave::Fallback(why), args, kw);
@@ -478,7 +444,7 @@ impl Site {
         let values: Vec<_> =
             kwargs.map(|d| d.values().iter().map(|v| v.as_ptr()).collect()).unwrap_or_default();
         let kw = names.as_ref().filter(|n| !n.is_empty()).map(|n| (&values[..], n.as_ptr()));
-        let mut slots = Slots { stack: [std::ptr::null_mut(); 16], heap: Vec::new(), n: 0 };
+        let mut slots = ArgSlots::new();
         self.bind(py, &pos, kw, &mut slots)
             .map_err(|m| crate::errors::ArgumentError::new_err(format!("arguments do not bind: {m}")))?;
         with_encoder(|enc| match self.encode(py, slots.get(), enc) {

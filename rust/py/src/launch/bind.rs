@@ -8,8 +8,8 @@
 //! address names it. A call site's `kwnames` is a constant of its code object, so a loop of
 //! `kernel[grid](x, y, BLOCK=64, num_warps=4)` binds its keywords with one pointer compare. A call
 //! whose tuple is made afresh each time (`f(*args, **kwargs)`, keyword arguments after `*args`) binds
-//! them directly, each name read once. Nothing here allocates per call below `STACK` parameters and
-//! `OPTS` options, or copies a name.
+//! them directly, each name read once. Nothing here allocates per call below `ArgSlots::INLINE`
+//! parameters and `OPTS` options, or copies a name.
 
 use std::ptr::null_mut;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -22,10 +22,8 @@ use jitkey_core::key::Encoder;
 
 use super::{borrowed, Launcher};
 use crate::keys::encode_into;
+use crate::signature::ArgSlots;
 
-/// Parameters bound for one call: borrowed pointers into the call's args tuple, its kwargs dict
-/// and the signature's defaults, all of which outlive the call.
-const STACK: usize = 32;
 /// Launch options kept inline (more spill to the heap).
 const OPTS: usize = 8;
 /// Keyword plans kept (a loop over a few call sites keeps them all).
@@ -33,10 +31,10 @@ const PLANS: usize = 4;
 
 pub(super) type Opt = (*mut ffi::PyObject, *mut ffi::PyObject);
 
+/// One call bound: its parameters (borrowed pointers into the call's arguments, its kwargs and the
+/// signature's defaults, all of which outlive the call) and its launch options.
 pub(super) struct BoundArgs {
-    stack: [*mut ffi::PyObject; STACK],
-    heap: Vec<*mut ffi::PyObject>,
-    n: usize,
+    args: ArgSlots,
     /// Keyword arguments that are not parameters: `(name, value)`, sorted by name.
     pub(super) opts: Opts,
     /// How the keywords bound, when they did through a plan (its encoded option names).
@@ -45,15 +43,11 @@ pub(super) struct BoundArgs {
 
 impl BoundArgs {
     pub(super) fn new() -> Self {
-        BoundArgs { stack: [null_mut(); STACK], heap: Vec::new(), n: 0, opts: Opts::new(), plan: None }
+        BoundArgs { args: ArgSlots::new(), opts: Opts::new(), plan: None }
     }
 
     pub(super) fn params(&self) -> &[*mut ffi::PyObject] {
-        if self.n <= STACK {
-            &self.stack[..self.n]
-        } else {
-            &self.heap
-        }
+        self.args.get()
     }
 }
 
@@ -249,13 +243,7 @@ impl Launcher {
             let npos = self.npos;
             return Err(format!("takes {npos} positional arguments but {nargs} were given"));
         }
-        b.n = n;
-        let slots: &mut [*mut ffi::PyObject] = if n <= STACK {
-            &mut b.stack[..n]
-        } else {
-            b.heap.resize(n, null_mut());
-            &mut b.heap
-        };
+        let slots = b.args.reset(n);
         slots[..nargs].copy_from_slice(pos);
         let twice = |j: usize| format!("got multiple values for argument '{}'", sig.param_names()[j]);
         if !kw_names.is_empty() {

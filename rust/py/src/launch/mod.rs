@@ -51,8 +51,8 @@ use plan::Stream;
 use state::{Current, Kept, Obj, State};
 use vectorcall::{launch_def, KernelBase};
 
-/// Why a call leaves the fast path.
-enum Leave {
+/// Why a call leaves the fast path (the Triton launcher's and a DSL site's, `crate::dsl`).
+pub(crate) enum Leave {
     /// Triton's own path, counted with this reason (a str or an exception object).
     Fallback(Py<PyAny>),
     /// A real error to raise to the caller.

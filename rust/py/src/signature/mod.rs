@@ -27,6 +27,49 @@ use crate::lru::PyLruCache;
 use compile::{compile_rule, dtype_align_only};
 use walk::encode_rule;
 
+// ---- a call's arguments bound to the parameters --------------------------------------------------
+
+/// A call's arguments bound to a signature's parameters, in parameter order (what the Triton
+/// launcher's binding and a DSL site's make, then key and launch or replay): borrowed pointers to
+/// the call's arguments and the signature's defaults, alive for the call. Inline up to
+/// [`ArgSlots::INLINE`] parameters: nothing is allocated per call below that.
+pub(crate) struct ArgSlots {
+    stack: [*mut ffi::PyObject; ArgSlots::INLINE],
+    heap: Vec<*mut ffi::PyObject>,
+    n: usize,
+}
+
+impl ArgSlots {
+    pub(crate) const INLINE: usize = 32;
+
+    pub(crate) fn new() -> Self {
+        ArgSlots { stack: [std::ptr::null_mut(); Self::INLINE], heap: Vec::new(), n: 0 }
+    }
+
+    /// `n` empty (null) slots to bind into, in place of what was bound before.
+    pub(crate) fn reset(&mut self, n: usize) -> &mut [*mut ffi::PyObject] {
+        self.n = n;
+        if n <= Self::INLINE {
+            let slots = &mut self.stack[..n];
+            slots.fill(std::ptr::null_mut());
+            slots
+        } else {
+            self.heap.clear();
+            self.heap.resize(n, std::ptr::null_mut());
+            &mut self.heap
+        }
+    }
+
+    /// The bound arguments.
+    pub(crate) fn get(&self) -> &[*mut ffi::PyObject] {
+        if self.n <= Self::INLINE {
+            &self.stack[..self.n]
+        } else {
+            &self.heap
+        }
+    }
+}
+
 // ---- the miss sentinel -------------------------------------------------------------------------
 
 /// The type of `jitkey.MISS`, what `Signature.lookup` returns when the cache has no entry.
