@@ -26,7 +26,7 @@ options and environment of the call, and a record is written only after Triton i
 kernel in this process with the ``ptxas`` and ``triton_key()`` the key stands for. Hooks that watch Triton's
 compiles (``jit_cache_hook``, ``jit_post_compile_hook``, ``compilation.listener``), a non-default cache
 manager, ``TRITON_ALWAYS_COMPILE``, IR dumps and overrides, async compiles and pipeline hooks keep the call on
-Triton's path, counted by reason. The L2 is opt-in (``JITKEY_TRITON_L2=1``) until a GPU run has validated it;
+Triton's path, counted by reason. The L2 is opt-in (``JITKEY_TRITON_L2=1``) until the kernel libraries' suites have run with it;
 ``JITKEY_TRITON_L2=0`` keeps it off.
 """
 
@@ -102,8 +102,8 @@ def _code_status() -> tuple[str | None, str | None]:
     if setting == "0":
         return None, "JITKEY_TRITON_L2=0"
     if setting != "1":
-        # Opt-in until a GPU run has shown it loading and launching exactly Triton's kernels (see the README).
-        return None, "off by default (not yet validated on a GPU); JITKEY_TRITON_L2=1 turns it on"
+        # Opt-in: Triton's own suite passes with it on a GPU, the kernel libraries' suites have not run with it.
+        return None, "off by default (the kernel libraries' suites have not run with it); JITKEY_TRITON_L2=1 turns it on"
     from jitkey.triton._installed import triton_info
 
     info = triton_info()
