@@ -96,15 +96,7 @@ impl Site {
                 }
             }
         }
-        for (i, slot) in slots.iter_mut().enumerate() {
-            if slot.is_null() {
-                match sig.default_of(i) {
-                    Some(d) => *slot = d.as_ptr(),
-                    None => return Err(format!("missing a required argument: '{}'", sig.param_names()[i])),
-                }
-            }
-        }
-        Ok(())
+        sig.fill_defaults(slots, args.len())
     }
 
     /// Writes the key of a call whose arguments are bound to every parameter (`args`).

@@ -152,11 +152,6 @@ impl Signature {
         &self.names
     }
 
-    /// The default of parameter `i`, if it has one.
-    pub(crate) fn default_of(&self, i: usize) -> Option<&Py<PyAny>> {
-        self.defaults[i].as_ref()
-    }
-
     /// Fills every empty (null) slot from `from` on with its parameter's default (borrowed: the
     /// signature keeps it alive); `Err` names the first required parameter left without a value.
     pub(crate) fn fill_defaults(
