@@ -115,7 +115,7 @@ sdist: venv
 	$(MATURIN) sdist --out dist
 
 ## install-check: fresh venvs install the wheel and the sdist; `jitkey info`, `jitkey cache info` and the
-## README's snippets run against each (what a user gets from `pip install`)
+## snippets of the README and docs/ run against each (what a user gets from `pip install`)
 install-check: wheel sdist
 	bash scripts/install_check.sh dist
 

@@ -41,7 +41,7 @@ check_venv() {  # $1: label, $2: venv dir
   "$jk" cache info | grep -qE "entries +1" || fail "$label: cache info after one put"
   "$jk" cache verify >/dev/null || fail "$label: cache verify"
   log "$label: README snippets (those needing torch/triton are skipped here)"
-  "$py" tests/readme_snippets.py README.md
+  "$py" tests/readme_snippets.py README.md docs/*.md
   unset JITKEY_CACHE_DIR
 }
 
@@ -55,7 +55,7 @@ with_dev_torch() {  # $1: label, $2: venv dir — lend it the dev venv's torch a
   export JITKEY_CACHE_DIR="$WORK/cache-$label-torch"
   log "$label + dev torch/triton: every CPU README snippet, and a forced-off fast path is reported"
   "$py" -c "import jitkey, sys; p = jitkey.__file__; sys.exit(0 if p.startswith('$venv/') else 'jitkey from ' + p)"
-  "$py" tests/readme_snippets.py README.md --require-all
+  "$py" tests/readme_snippets.py README.md docs/*.md --require-all
   "$venv/bin/jitkey" info --json | "$py" -c "import json, sys; d = json.load(sys.stdin); assert d['fast_paths']['tensor_fields']['on'] is True, d['fast_paths']"
   JITKEY_TENSOR_FIELDS=0 "$venv/bin/jitkey" info --json | "$py" -c "import json, sys; t = json.load(sys.stdin)['fast_paths']['tensor_fields']; assert t['on'] is False and 'JITKEY_TENSOR_FIELDS=0' in t['why'], t"
   unset JITKEY_CACHE_DIR

@@ -1,4 +1,5 @@
-"""Runs the README's ```python blocks, each alone in a fresh interpreter, as a reader would paste them.
+"""Runs the ```python blocks of the README and of the reference in docs/, each alone in a fresh interpreter, as a
+reader would paste them.
 
 Used by ``tests/test_readme.py`` (``make test``) and by ``scripts/install_check.sh`` against a fresh venv
 that has only the built wheel or sdist installed. Stdlib only.
@@ -9,7 +10,7 @@ Marks (an HTML comment on the line before the fence):
 A block that imports torch or triton is skipped when that package is not installed (``--require-all``
 makes that a failure instead).
 
-    python tests/readme_snippets.py README.md [--python PY] [--require-all]
+    python tests/readme_snippets.py README.md docs/*.md [--python PY] [--require-all]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ _IMPORT = re.compile(r"^\s*(?:import\s+(?:[\w.]+\s*,\s*)*|from\s+)(torch|triton)
 class Snippet:
     line: int  # 1-based line of the opening fence
     code: str
+    file: str = "README.md"
     mark: str | None = None  # "gpu" or "skip"
     reason: str = ""
 
@@ -41,11 +43,11 @@ class Snippet:
 
     @property
     def id(self) -> str:
-        return f"README.md:{self.line}"
+        return f"{self.file}:{self.line}"
 
 
-def snippets(text: str) -> list[Snippet]:
-    """Every ```python block of ``text``, with its mark."""
+def snippets(text: str, file: str = "README.md") -> list[Snippet]:
+    """Every ```python block of ``text`` (the contents of ``file``), with its mark."""
     out: list[Snippet] = []
     lines = text.splitlines()
     i = 0
@@ -62,6 +64,7 @@ def snippets(text: str) -> list[Snippet]:
                     code="\n".join(lines[start + 1 : j]) + "\n",
                     mark=mark.group(1) if mark else None,
                     reason=mark.group(2) if mark else "",
+                    file=file,
                 )
             )
             i = j
@@ -102,12 +105,14 @@ def run(s: Snippet, python: str, timeout: float = 300) -> subprocess.CompletedPr
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("readme")
+    p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--require-all", action="store_true", help="a block skipped for a missing package fails")
     args = p.parse_args(argv)
-    with open(args.readme, encoding="utf-8") as f:
-        found = snippets(f.read())
+    found: list[Snippet] = []
+    for path in args.files:
+        with open(path, encoding="utf-8") as f:
+            found += snippets(f.read(), os.path.relpath(path))
     failed = ran = 0
     for s in found:
         why = skip_reason(s, args.python)
@@ -128,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"FAIL {s.id} (exit {proc.returncode})\n{s.code}\n--- stdout\n{proc.stdout}--- stderr\n{proc.stderr}"
             )
-    print(f"{ran} README snippets run, {failed} failed, {len(found) - ran - failed} skipped")
+    print(f"{ran} snippets run, {failed} failed, {len(found) - ran - failed} skipped")
     return 1 if failed or not ran else 0
 
 

@@ -1,4 +1,5 @@
-"""The README's code blocks run as pasted (each alone in a fresh interpreter): see tests/readme_snippets.py."""
+"""The code blocks of the README and of docs/*.md run as pasted (each alone in a fresh interpreter): see
+tests/readme_snippets.py."""
 
 from __future__ import annotations
 
@@ -10,13 +11,18 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import readme_snippets
 
-README = Path(__file__).parent.parent / "README.md"
-SNIPPETS = readme_snippets.snippets(README.read_text(encoding="utf-8"))
+ROOT = Path(__file__).parent.parent
+README = ROOT / "README.md"
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+SNIPPETS = [
+    s for p in DOCS for s in readme_snippets.snippets(p.read_text(encoding="utf-8"), str(p.relative_to(ROOT)))
+]
 
 
 def test_the_readme_has_runnable_snippets() -> None:
-    runnable = [s for s in SNIPPETS if s.mark is None]
-    assert len(runnable) >= 5, [s.id for s in SNIPPETS]
+    runnable = [s for s in SNIPPETS if s.mark is None and s.file == "README.md"]
+    assert len(runnable) >= 3, [s.id for s in SNIPPETS]
+    assert len([s for s in SNIPPETS if s.mark is None]) >= 8, [s.id for s in SNIPPETS]
 
 
 @pytest.mark.parametrize("snippet", SNIPPETS, ids=[s.id for s in SNIPPETS])

@@ -31,7 +31,7 @@ ENV_VARS: dict[str, str] = {
     "JITKEY_LOG": "debug | info | warning | error: attach a stderr handler at that level to the jitkey logger",
 }
 # (The Redis tier's JITKEY_REMOTE_* variables are documented in jitkey.remote and
-# jitkey.triton.remote_cache, and in the README's Redis section.)
+# jitkey.triton.remote_cache, and in docs/storage.md's Redis section.)
 INDEX_FILE = "index.v1.jki"
 
 

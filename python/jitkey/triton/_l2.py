@@ -103,7 +103,10 @@ def _code_status() -> tuple[str | None, str | None]:
         return None, "JITKEY_TRITON_L2=0"
     if setting != "1":
         # Opt-in: Triton's own suite passes with it on a GPU, the kernel libraries' suites have not run with it.
-        return None, "off by default (the kernel libraries' suites have not run with it); JITKEY_TRITON_L2=1 turns it on"
+        return (
+            None,
+            "off by default (the kernel libraries' suites have not run with it); JITKEY_TRITON_L2=1 turns it on",
+        )
     from jitkey.triton._installed import triton_info
 
     info = triton_info()

@@ -29,7 +29,7 @@
 //! entry whose bit is clear. Survivors stay in place (no moves), new entries enter at the head.
 //! It is simpler than S3-FIFO (no ghost queue to size), keeps hits to at most one relaxed store,
 //! and matches or beats LRU's miss ratio on skewed traces. `examples/lru_bench.rs` measures
-//! SIEVE against an exact LRU on the same traces (figures in the README). The sweep is bounded
+//! SIEVE against an exact LRU on the same traces (figures in docs/keys.md). The sweep is bounded
 //! to two laps so readers that keep re-setting bits cannot stall an insert.
 //!
 //! # Reclamation and displaced values
