@@ -340,9 +340,10 @@ def test_files_changed_under_the_l2_are_misses(tmp_path: Path, damage: str) -> N
 def _damage_records(index: Path) -> None:
     """Overwrite every L2 record's value (found by its JSON prefix in the log) with a damaged one."""
     import jitkey
+    from jitkey.triton._l2 import VERSION
 
     data = (index / "index.v1.jki").read_bytes()
-    marker = b'{"v": 1, "hash": '
+    marker = b'{"v": %d, "hash": ' % VERSION
     keys = set()
     with jitkey.DiskIndex(index) as ix:
         at = data.find(marker)
@@ -355,7 +356,7 @@ def _damage_records(index: Path) -> None:
             at = data.find(marker, at + 1)
         assert len(keys) == len(SMALL)
         for k in keys:
-            ix.put(k, b'{"v": 1, "hash": 7}')
+            ix.put(k, b'{"v": %d, "hash": 7}' % VERSION)
 
 
 def test_triton_cache_dir_changes_miss(tmp_path: Path) -> None:
