@@ -77,7 +77,8 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: Any, args
     installed plugin; :func:`pytest_configure` installs otherwise (both are idempotent). The options are not
     parsed into the config yet here: they are read from the known arguments parsed so far."""
     known = early_config.known_args_namespace
-    _install(early_config, bool(known.jitkey_off), bool(known.jitkey_integrations))
+    off, with_integrations = (bool(getattr(known, n, False)) for n in ("jitkey_off", "jitkey_integrations"))
+    _install(early_config, off, with_integrations)
 
 
 def pytest_configure(config: pytest.Config) -> None:
