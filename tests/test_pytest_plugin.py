@@ -107,3 +107,21 @@ def test_a_kernel_decorated_by_the_suites_conftest_is_routed(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     off = run_pytest(tmp_path, USES_CONFTEST, "--jitkey-off")
     assert off.returncode == 1 and "JITFunction" in off.stdout, off.stdout + off.stderr
+
+
+def test_the_summary_says_which_integrations_are_on(tmp_path: Path) -> None:
+    """``--jitkey-integrations`` ends with one line naming each integration, on or off with why (a library that
+    is missing, unsupported or fails to import here: FlagGems without a GPU)."""
+    pytest.importorskip("triton")
+    import jitkey.integrations
+
+    proc = run_pytest(tmp_path, PASSING, "--jitkey-integrations")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("jitkey integrations: ")), None)
+    assert line is not None, proc.stdout
+    for name, st in jitkey.integrations.status().items():
+        assert f"{name} on" in line or f"{name} off (" in line, line
+        if st["library"] is None:
+            assert f"{name} off ({st['why']})" in line, line
+    off = run_pytest(tmp_path, PASSING, "--jitkey-integrations", "--jitkey-off")
+    assert "jitkey integrations:" not in off.stdout, off.stdout

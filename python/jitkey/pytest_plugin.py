@@ -10,7 +10,8 @@ Options: ``--jitkey-top N`` (busiest kernels shown, default 10), ``--jitkey-repo
 as JSON), ``--jitkey-off`` (load the plugin but leave Triton alone: a plain run with the same command line),
 ``--jitkey-integrations`` (also install every DSL integration whose library is installed and supported,
 :func:`jitkey.integrations.install_available`; the report then covers the DSL layer too: calls, plan replays,
-bound calls, misses, fallbacks and refused recordings by reason).
+bound calls, misses, fallbacks and refused recordings by reason, and a line says which integrations are on and
+why the others are off).
 
 The plugin never changes a run's outcome: a failure of its own (Triton missing, the report's JSON file not
 writable, a worker's report unreadable) is printed as a ``jitkey plugin warning:`` line in the terminal
@@ -172,6 +173,15 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         _guard(config, f"writing --jitkey-report-json {path}", lambda: _write_json(path, rep))
     if rep is not None:
         _guard(config, "printing the report", lambda: _print(tr, rep))
+    integrations = getattr(config, "_jitkey_integrations", None)
+    if integrations:  # --jitkey-integrations: which DSLs were routed, and why the others were not
+        tr.write_line(
+            "jitkey integrations: "
+            + "; ".join(
+                f"{n} on" if why is None else f"{n} off ({' '.join(str(why).split())})"  # one line
+                for n, why in integrations.items()
+            )
+        )
     for msg in _problems(config):
         tr.write_line(f"jitkey plugin warning: {msg}", yellow=True)
 
