@@ -33,7 +33,9 @@ or a ``check``.
 torch function or dispatch mode, a site ``check``) runs the DSL's own path (``fallback``), counted by reason.
 
 An adapter for a DSL (see ``jitkey.integrations``) is a few dozen lines: build a :class:`Site` per DSL entry
-point with its parameters and ``bind``, and route the DSL's call to ``site.call``.
+point with its parameters and ``bind``, and route the DSL's call to ``site.call``; an entry point it leaves to the
+DSL (one it does not understand, or whose site cannot be made) is counted with :func:`decline` and shows in
+:func:`report` under ``declined``.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from jitkey import _deps, rules
 from jitkey._core import LruCache, Signature, _Plan, _recording, _Site
 from jitkey.errors import SignatureError
 
-__all__ = ["Bound", "Site", "exact", "merge_reports", "record", "report", "sites"]
+__all__ = ["Bound", "Site", "decline", "exact", "merge_reports", "record", "report", "sites"]
 
 _CAPACITY = 256  # plans kept per site (an LRU)
 #: The refusal of a recording during which the DSL compiled or tuned (an adapter reports it): the next call with
@@ -499,6 +501,14 @@ _registry_lock = threading.Lock()
 _registry: weakref.WeakSet[Site] = weakref.WeakSet()
 #: DSL entry points an adapter left to its DSL (no site), by ``"<dsl>: <reason>"``.
 declined: Counter[str] = Counter()
+
+
+def decline(dsl: str, why: str | BaseException) -> None:
+    """Count an entry point of ``dsl`` that an adapter leaves to the DSL (no site), with why: a text, or the
+    exception that making its site raised (counted as ``"<type>: <message>"``)."""
+    if isinstance(why, BaseException):
+        why = f"{type(why).__name__}: {why}"
+    declined[f"{dsl}: {why}"] += 1
 
 
 class Site:

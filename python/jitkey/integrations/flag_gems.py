@@ -249,7 +249,7 @@ def _make_site(fn: Any) -> Any:
         ]
         site = dsl.Site(f"flag_gems:{name}", fn, lambda args: dsl.Bound(fn), fallback=fn, checks=checks)
     except Exception as exc:  # e.g. *args: FlagGems' own function, counted
-        dsl.declined[f"flag_gems: {type(exc).__name__}: {exc}"] += 1
+        dsl.decline("flag_gems", exc)
         return fn
     return site.call
 

@@ -106,7 +106,7 @@ def _checks() -> list[tuple[Any, str]]:
 def _make(kernel: Any) -> _SiteRef:
     why = _ineligible(kernel)
     if why is not None:
-        dsl.declined[f"helion: {why}"] += 1
+        dsl.decline("helion", why)
         ref = _SiteRef(None)
     else:
         orig_call = _saved[0] if _saved is not None else type(kernel).__call__
@@ -128,7 +128,7 @@ def _make(kernel: Any) -> _SiteRef:
                 device=False,  # Helion's host code allocates and launches by its tensors' devices
             )
         except Exception as exc:  # e.g. a default jitkey cannot key (a function): Helion's own path, counted
-            dsl.declined[f"helion: {type(exc).__name__}: {exc}"] += 1
+            dsl.decline("helion", exc)
             site = None
         ref = _SiteRef(site)
     kernel._jk_call = ref
