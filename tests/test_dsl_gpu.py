@@ -239,3 +239,77 @@ def test_flag_gems_logging_runs_their_own_path(gems_on):
     finally:
         lg.setLevel(old)
     assert after == before + 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Native allocation (jitkey._torch_alloc): proven against torch, used by plans, degrades per call
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _alloc():
+    from jitkey import _torch_alloc
+
+    torch.zeros(1, device=DEV)  # CUDA initialized: the proof can run
+    alloc = _torch_alloc.get()
+    assert alloc is not None, _torch_alloc.status()
+    return alloc
+
+
+def test_plans_make_their_cuda_tensors_natively_as_torch_would():
+    from jitkey import dsl
+
+    alloc = _alloc()
+    x = torch.randn(64, 33, device=DEV)
+
+    def f(x):
+        return torch.empty_like(x), torch.empty((5,), dtype=torch.float16, device=x.device)
+
+    _, plan, why = dsl.record(f, (x,))
+    assert why is None, why
+    assert [k for k, _ in plan.steps] == ["empty_like", "empty"]
+    wide = torch.randn(8, 8, device=DEV)
+    for t in (
+        x,
+        x.t(),
+        wide[:, :4],
+        torch.empty(0, 3, device=DEV),
+        torch.randn(3, device=DEV, dtype=torch.bfloat16),
+    ):
+        out, mid = plan(t)
+        want = torch.empty_like(t)  # the non-dense slice takes torch's own function, per call
+        assert type(out) is torch.Tensor and not out.requires_grad
+        assert (out.shape, out.stride(), out.dtype, out.device) == (
+            want.shape,
+            want.stride(),
+            want.dtype,
+            want.device,
+        )
+        assert (mid.shape, mid.stride(), mid.dtype, mid.device) == ((5,), (1,), torch.float16, x.device)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    outs = [plan(x) for _ in range(50)]
+    assert torch.cuda.memory_allocated() > before
+    del outs
+    assert torch.cuda.memory_allocated() == before  # given back: no reference leaked
+    assert not alloc.failed
+
+
+def test_native_allocation_fills_memory_under_deterministic_algorithms():
+    alloc = _alloc()
+    det, fill = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
+    )
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        t = alloc.empty_strided([1024], [1], "float32", torch.cuda.current_device())
+        u = alloc.empty_like(torch.randn(256, device=DEV))
+        i = alloc.empty_strided([16], [1], "int32", torch.cuda.current_device())
+        assert (
+            torch.isnan(t).all() and torch.isnan(u).all()
+        )  # torch's CUDA factory filled them, as for torch.empty
+        assert (i == torch.iinfo(torch.int32).max).all()
+    finally:
+        torch.use_deterministic_algorithms(det)
+        torch.utils.deterministic.fill_uninitialized_memory = fill

@@ -513,6 +513,21 @@ class _TorchCurrent:
     def failed(self) -> bool:
         """Whether the shim reported an error (it is not called again)."""
 
+class _TorchAlloc:
+    """Private (:mod:`jitkey.dsl`, via ``jitkey._torch_alloc``): fresh CUDA tensors through torch's stable C shim
+    (``aoti_torch_empty_strided`` from ``cpu_lib``) and torch's tensor wrapper (``THPVariable_Wrap`` from
+    ``python_lib``), resolved with ``dlopen``/``dlsym``. Raises ``OSError`` when a library or symbol is missing.
+    After the first error the shim reports, it is not called again (``failed``) and both methods return None."""
+
+    def __new__(cls, cpu_lib: str, python_lib: str, /, *, loaded_only: bool = True) -> _TorchAlloc: ...
+    def empty_strided(self, sizes: list[int], strides: list[int], dtype: str, index: int, /) -> Any | None:
+        """A new CUDA tensor on device ``index`` (``dtype`` a short name such as ``"float32"``), or None."""
+    def empty_like(self, x: Any, /) -> Any | None:
+        """As ``torch.empty_like(x)`` for a plain, non-overlapping and dense CUDA tensor, else None."""
+    @property
+    def failed(self) -> bool:
+        """Whether the shim reported an error (it is not called again)."""
+
 @disjoint_base
 class _KernelBase:
     """Private: base of :class:`jitkey.triton.TritonKernel`; ``self[grid]`` in C once a launcher is set."""
@@ -548,7 +563,10 @@ class _Plan:
     ``steps`` is a sequence of ``(kind, target, args, kwnames)``: ``"call"`` (``target(*args, **kw)``),
     ``"launch"`` (``target`` a ``_TritonLauncher``, ``args[0]`` the grid) or ``"compiled"`` (``target`` is
     ``(launch, nfast, fallback)``: a ``_CompiledLaunch`` with ``args[0]`` the grid and ``args[1:nfast]`` the
-    parameters, or ``fallback(*args[nfast:], **kw)`` when it declines). Sources: ``("a", i)``, ``("a", i,
+    parameters, or ``fallback(*args[nfast:], **kw)`` when it declines), ``"empty"`` (``target`` is ``(alloc,
+    fallback, sizes, strides, dtype, index)``: a new CUDA tensor made by the :class:`_TorchAlloc`, or
+    ``fallback(*args, **kw)`` when it is not used) or ``"empty_like"`` (``target`` is ``(alloc, fallback)``,
+    ``args`` one tensor: ``alloc.empty_like`` or ``fallback(tensor)``). Sources: ``("a", i)``, ``("a", i,
     path)``, ``("s", j)``, ``("s", j, k)``, ``("c", value)``, ``("t", srcs)``, ``("l", srcs)``. ``guard`` is
     ``(owner, name, value)``: the plan holds while ``getattr(owner, name) is value``.
     """

@@ -34,6 +34,7 @@ _DESCRIPTIONS = {
     "driver_launch": "Triton hit packs the parameters and calls cuLaunchKernelEx itself",
     "watched_state": "Triton state (kernel attrs, knobs, hooks): watched, kept while unchanged (OFF: per-call reads)",
     "native_current": "Triton hit reads the device and stream through torch's C shim (OFF: torch's Python getters)",
+    "native_alloc": "a replayed DSL plan makes its CUDA tensors through torch's C shim (OFF: torch's Python functions)",
     "l2": "a fresh process loads kernels compiled earlier from jitkey's disk index (no Triton compile path)",
 }
 
@@ -133,11 +134,27 @@ def triton_paths() -> dict[str, FastPath]:
     return out
 
 
+def native_alloc() -> FastPath:
+    """Whether replayed DSL plans allocate natively (``jitkey._torch_alloc``; decided at the first recorded CUDA
+    allocation of the process, unknown before)."""
+    from jitkey import _torch_alloc
+
+    st = _torch_alloc.status()
+    decided = st["on"] or st["why"] is None or not st["why"].startswith("not decided")
+    return {
+        "on": st["on"] if decided else None,
+        "why": st["why"],
+        "chosen": st["why"] == "JITKEY_NATIVE_ALLOC=0",
+        "what": _DESCRIPTIONS["native_alloc"],
+    }
+
+
 def fast_paths(*, decide: bool = True, triton: bool = True) -> dict[str, FastPath]:
     """Every fast path: name -> ``{"on": bool | None (unknown), "why": str | None, "chosen": bool, "what"}``."""
     out = {"cpython_layout": cpython_layout(), "tensor_fields": tensor_fields(decide=decide)}
     if triton:
         out.update(triton_paths())
+    out["native_alloc"] = native_alloc()
     return out
 
 

@@ -27,6 +27,7 @@ ENV_VARS: dict[str, str] = {
     "JITKEY_DRIVER_LAUNCH": "0 makes warm hits call Triton's launcher instead of cuLaunchKernelEx from jitkey",
     "JITKEY_WATCH": "0 makes warm hits read Triton's state (kernel attributes, knobs, hooks) on every call",
     "JITKEY_NATIVE_CURRENT": "0 makes warm hits read the device and stream through torch's Python getters",
+    "JITKEY_NATIVE_ALLOC": "0 makes replayed DSL plans allocate through torch's Python functions (not its C shim)",
     "JITKEY_TRITON_L2": "1 turns the L2 on (off by default): a miss loads a kernel an earlier process compiled from the disk index",
     "JITKEY_LOG": "debug | info | warning | error: attach a stderr handler at that level to the jitkey logger",
 }

@@ -307,8 +307,53 @@ class _Recorder:
                 self.refuse(f"`{name}` returned a {type(result).__name__}, which a replay cannot fold")
             # else: a function of constants only (torch.promote_types, ...): folded
         else:
-            self.step("call", func, args, kwargs, result)
+            kind, target = self._alloc_step(func, args, kwargs, result)
+            self.step(kind, target, args, kwargs, result)
         return result
+
+    def _alloc_step(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
+    ) -> tuple[str, Any]:
+        """The step for ``func(*args, **kwargs)``: a native allocation (``"empty"``, ``"empty_like"``) for the
+        fresh CUDA tensors torch's ``empty``, ``empty_strided`` and ``empty_like`` make where everything the
+        result depends on is fixed by the key (see ``jitkey._torch_alloc``), else a call of ``func``."""
+        torch = self.torch
+        plain = (
+            type(result) is torch.Tensor
+            and result.is_cuda
+            and result.layout == torch.strided
+            and not result.requires_grad
+        )
+        if not plain or func not in (torch.empty_like, torch.empty, torch.empty_strided):
+            return "call", func
+        from jitkey import _torch_alloc
+
+        alloc = _torch_alloc.get()
+        if alloc is None:
+            return "call", func
+        if func is torch.empty_like:
+            if len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
+                return "empty_like", (alloc, func)
+            return "call", func
+        # torch.empty / empty_strided: only with every argument a constant, the dtype and the device named.
+        if not all(self.src(a)[0] == "c" for a in (*args, *kwargs.values())):
+            return "call", func
+        dev, dtype = kwargs.get("device"), kwargs.get("dtype")
+        named = isinstance(dev, torch.device) and dev.index is not None
+        if (
+            not named
+            or not isinstance(dtype, torch.dtype)
+            or set(kwargs) - {"dtype", "device", "memory_format"}
+        ):
+            return "call", func
+        spec = (
+            alloc,
+            func,
+            list(result.shape),
+            list(result.stride()),
+            str(result.dtype).removeprefix("torch."),
+        )
+        return "empty", (*spec, result.device.index)
 
     def _bool_index(self, args: tuple[Any, ...]) -> bool:
         idx: Any = args[1] if len(args) > 1 else None

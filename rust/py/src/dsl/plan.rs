@@ -17,6 +17,7 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 
 use crate::keys::tuple_fill;
 use crate::launch::{launch_from_plan, CompiledLaunch, Launcher};
+use crate::torch::TorchAlloc;
 
 /// Where a step's argument (or the result) comes from.
 pub(super) enum Src {
@@ -44,6 +45,18 @@ enum Target {
     /// grid and the kernel's parameters; when the launch is declined, `fallback` is called with the
     /// rest (the library's own launch call for this step).
     Compiled { launch: Py<CompiledLaunch>, nfast: usize, fallback: Py<PyAny> },
+    /// A new CUDA tensor of fixed sizes, strides, dtype and device, made natively (`_TorchAlloc`);
+    /// `fallback` (torch's factory) is called with the step's arguments when the shim is not used.
+    Empty {
+        alloc: Py<TorchAlloc>,
+        sizes: Box<[i64]>,
+        strides: Box<[i64]>,
+        dtype: i32,
+        index: i32,
+        fallback: Py<PyAny>,
+    },
+    /// `torch.empty_like(args[0])` made natively for a plain dense CUDA tensor, else `fallback(*args)`.
+    EmptyLike { alloc: Py<TorchAlloc>, fallback: Py<PyAny> },
 }
 
 struct Step {
@@ -229,6 +242,18 @@ impl Plan {
                     launch_from_plan(py, l.get(), ptrs[0], &ptrs[1..npos], &ptrs[npos..], kw)?
                 }
                 Target::Call(f) => call(py, f.bind(py), &ptrs[..npos], step.kwnames.as_ref(), &ptrs[npos..])?,
+                Target::Empty { alloc, sizes, strides, dtype, index, fallback } => {
+                    match alloc.get().empty_cuda(py, sizes, strides, *dtype, *index) {
+                        Some(t) => t,
+                        None => {
+                            call(py, fallback.bind(py), &ptrs[..npos], step.kwnames.as_ref(), &ptrs[npos..])?
+                        }
+                    }
+                }
+                Target::EmptyLike { alloc, fallback } => match alloc.get().empty_like(py, ptrs[0]) {
+                    Some(t) => t,
+                    None => call(py, fallback.bind(py), &ptrs[..npos], step.kwnames.as_ref(), &ptrs[npos..])?,
+                },
                 Target::Compiled { launch, nfast, fallback } => {
                     match launch.get().launch(py, ptrs[0], &ptrs[1..*nfast])? {
                         Some(out) => out,
@@ -295,7 +320,10 @@ impl Plan {
     /// kwnames)`` with ``kind`` ``"call"`` (``target(*args, **kw)``), ``"launch"`` (``target`` a
     /// ``_TritonLauncher``, ``args[0]`` the grid) or ``"compiled"`` (``target`` is ``(launch, nfast,
     /// fallback)``: a ``_CompiledLaunch`` run with ``args[0]`` the grid and ``args[1:nfast]`` the
-    /// parameters, or ``fallback(*args[nfast:], **kw)`` when it declines); ``args`` and ``ret`` are sources: ``("a", i)``,
+    /// parameters, or ``fallback(*args[nfast:], **kw)`` when it declines), ``"empty"`` (``target`` is
+    /// ``(alloc, fallback, sizes, strides, dtype, index)``: a new CUDA tensor made by the ``_TorchAlloc``,
+    /// or ``fallback(*args, **kw)`` when it is not used) or ``"empty_like"`` (``target`` is ``(alloc,
+    /// fallback)``, ``args`` one tensor); ``args`` and ``ret`` are sources: ``("a", i)``,
     /// ``("a", i, path)``, ``("s", j)``, ``("s", j, k)``, ``("c", value)``, ``("t", srcs)``,
     /// ``("l", srcs)``; ``kwnames`` names the last arguments (or is None). ``guard`` is
     /// ``(owner, name, value)``. ``bound``: the plan is one call of the DSL's bound call (counted
@@ -349,6 +377,45 @@ impl Plan {
                         .unbind();
                     Target::Compiled { launch, nfast, fallback }
                 }
+                "empty" => {
+                    let (alloc, fallback, sizes, strides, dtype, index): (
+                        Bound<'_, PyAny>,
+                        Py<PyAny>,
+                        Vec<i64>,
+                        Vec<i64>,
+                        String,
+                        i32,
+                    ) = target.extract()?;
+                    let alloc = alloc
+                        .cast_into::<TorchAlloc>()
+                        .map_err(|_| spec_err("an empty step allocates through a _TorchAlloc"))?
+                        .unbind();
+                    if sizes.len() != strides.len() {
+                        return Err(spec_err("an empty step's sizes and strides differ in length"));
+                    }
+                    match alloc.get().dtype_code(&dtype) {
+                        Some(dtype) => Target::Empty {
+                            alloc,
+                            sizes: sizes.into_boxed_slice(),
+                            strides: strides.into_boxed_slice(),
+                            dtype,
+                            index,
+                            fallback,
+                        },
+                        None => Target::Call(fallback), // a dtype the shim does not name: torch's call
+                    }
+                }
+                "empty_like" => {
+                    let (alloc, fallback): (Bound<'_, PyAny>, Py<PyAny>) = target.extract()?;
+                    if args.len() != 1 || nkw != 0 {
+                        return Err(spec_err("an empty_like step takes one tensor"));
+                    }
+                    let alloc = alloc
+                        .cast_into::<TorchAlloc>()
+                        .map_err(|_| spec_err("an empty_like step allocates through a _TorchAlloc"))?
+                        .unbind();
+                    Target::EmptyLike { alloc, fallback }
+                }
                 other => return Err(spec_err(format!("unknown step kind {other:?}"))),
             };
             out.push(Step { target, args, kwnames: kwnames.filter(|k| !k.is_empty()).map(Bound::unbind) });
@@ -381,6 +448,8 @@ impl Plan {
                 Target::Call(f) => ("call", f.bind(py).clone()),
                 Target::Launch(l) => ("launch", l.bind(py).clone().into_any()),
                 Target::Compiled { launch, .. } => ("compiled", launch.bind(py).clone().into_any()),
+                Target::Empty { fallback, .. } => ("empty", fallback.bind(py).clone()),
+                Target::EmptyLike { fallback, .. } => ("empty_like", fallback.bind(py).clone()),
             };
             out.append((kind, target))?;
         }
@@ -413,6 +482,10 @@ impl Plan {
                 Target::Launch(l) => visit.call(l)?,
                 Target::Compiled { launch, fallback, .. } => {
                     visit.call(launch)?;
+                    visit.call(fallback)?;
+                }
+                Target::Empty { alloc, fallback, .. } | Target::EmptyLike { alloc, fallback } => {
+                    visit.call(alloc)?;
                     visit.call(fallback)?;
                 }
             }

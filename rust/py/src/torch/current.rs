@@ -70,7 +70,7 @@ impl TorchCurrent {
 }
 
 #[cfg(unix)]
-fn symbol(path: &str, name: &std::ffi::CStr, loaded_only: bool) -> Result<*mut c_void, String> {
+pub(super) fn symbol(path: &str, name: &std::ffi::CStr, loaded_only: bool) -> Result<*mut c_void, String> {
     let c_path = CString::new(path).map_err(|_| format!("{path:?} contains a NUL byte"))?;
     let mut flags = libc::RTLD_LAZY | libc::RTLD_LOCAL;
     if loaded_only {
@@ -93,7 +93,7 @@ fn symbol(path: &str, name: &std::ffi::CStr, loaded_only: bool) -> Result<*mut c
 }
 
 #[cfg(not(unix))]
-fn symbol(_path: &str, _name: &std::ffi::CStr, _loaded_only: bool) -> Result<*mut c_void, String> {
+pub(super) fn symbol(_path: &str, _name: &std::ffi::CStr, _loaded_only: bool) -> Result<*mut c_void, String> {
     Err("torch's C shim is resolved only on Linux".to_owned())
 }
 

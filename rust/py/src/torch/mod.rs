@@ -14,7 +14,9 @@
 //! `python/jitkey/_tensor_fields.py` has proven their layout.
 //!
 //! `current`: the current CUDA device and stream through torch's stable C shim (`_TorchCurrent`).
+//! `alloc`: fresh CUDA tensors through the same shim and torch's tensor wrapper (`_TorchAlloc`).
 
+mod alloc;
 mod current;
 mod tensor;
 mod tensor_impl;
@@ -27,6 +29,7 @@ use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 
+pub(crate) use alloc::TorchAlloc;
 pub(crate) use current::TorchCurrent;
 pub(crate) use tensor::{encode_in_process, encode_tensor};
 use tensor_impl::{_install_tensor_layout, _tensor_layout_installed};
@@ -320,5 +323,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_install_tensor_layout, m)?)?;
     m.add_function(wrap_pyfunction!(_tensor_layout_installed, m)?)?;
     m.add_class::<TorchCurrent>()?;
+    m.add_class::<TorchAlloc>()?;
     Ok(())
 }
