@@ -65,6 +65,23 @@ def helion() -> None:
     )
     t("launcher.launch(grid, x, y, out)", launcher.launch, grid, x, y, out)
     t("site.key(x, y)", site.key, x, y)
+    from jitkey import _torch_alloc
+    from jitkey._core import _Plan
+
+    alloc = _torch_alloc.get()
+    print("native allocation:", _torch_alloc.status())
+    if alloc is not None:
+        t("alloc.empty_like(x) (native)", alloc.empty_like, x)
+        only = _Plan(1, [("empty_like", (alloc, torch.empty_like), [("a", 0)], None)], ("s", 0))
+        t("a plan of the allocation step alone", only, x)
+    from jitkey.triton import _kernel
+
+    for ks in _kernel.registry():
+        snap = ks.snapshot()
+        if snap["hits"]:
+            keep = ("hits", "misses", "driver_launches", "launcher_reasons", "unplanned_variants", "fallback_reasons")
+            print("kernel", getattr(ks, "name", ks), {k: snap[k] for k in keep})
+    print("launcher state counts:", dict(launcher.state_counts()))
     for name, f in [
         ("is_grad_enabled", torch.is_grad_enabled),
         ("is_inference_mode_enabled", torch.is_inference_mode_enabled),

@@ -328,7 +328,11 @@ class _Recorder:
             return "call", func
         from jitkey import _torch_alloc
 
-        alloc = _torch_alloc.get()
+        self.depth += 1  # proving the native allocation (once per process) is not the call's work
+        try:
+            alloc = _torch_alloc.get()
+        finally:
+            self.depth -= 1
         if alloc is None:
             return "call", func
         if func is torch.empty_like:
