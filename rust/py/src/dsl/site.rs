@@ -21,7 +21,7 @@ use super::plan::Plan;
 use crate::keys::{encode_into, fast_hash_state, tuple_item, with_encoder};
 use crate::launch::Leave;
 use crate::lru::PyLruCache;
-use crate::signature::{ArgSlots, Signature};
+use crate::signature::{ArgSlots, ParamNames, Signature};
 
 #[pyclass(name = "_Site", module = "jitkey._core", frozen)]
 pub(crate) struct Site {
@@ -34,8 +34,9 @@ pub(crate) struct Site {
     /// Callables whose results are folded into every key: the DSL's settings and environment its
     /// decisions read, and torch's modes.
     state: Vec<Py<PyAny>>,
-    /// The parameter names (interned), and how many may be passed by position (the rest are keyword-only).
-    names: Vec<Py<PyString>>,
+    /// The parameter names keyword arguments bind to, and how many parameters may be passed by position
+    /// (the rest are keyword-only).
+    params: ParamNames,
     npos: usize,
     replays: AtomicU64,
     bound_calls: AtomicU64,
@@ -71,7 +72,7 @@ impl Site {
         out: &mut ArgSlots,
     ) -> Result<(), String> {
         let sig = self.sig.get();
-        let n = self.names.len();
+        let n = self.params.len();
         if args.len() > self.npos {
             return Err(format!("{} positional arguments where the site takes {}", args.len(), self.npos));
         }
@@ -81,13 +82,7 @@ impl Site {
             for (i, &v) in values.iter().enumerate() {
                 // SAFETY: `names` is the call's kwnames tuple, one str per value.
                 let k = unsafe { tuple_item(names, i as ffi::Py_ssize_t) };
-                let j = self.names.iter().position(|name| name.as_ptr() == k).or_else(|| {
-                    let key = borrowed(py, k);
-                    let key = key.cast::<PyString>().ok()?;
-                    let key = key.to_str().ok()?;
-                    sig.param_names().iter().position(|name| name == key)
-                });
-                match j {
+                match self.params.index(py, sig, k) {
                     Some(j) if !slots[j].is_null() => {
                         return Err(format!("multiple values for argument '{}'", sig.param_names()[j]))
                     }
@@ -355,9 +350,8 @@ impl Site {
         state: &Bound<'_, PyAny>,
         npos: usize,
     ) -> PyResult<Self> {
-        let names: Vec<_> =
-            sig.get().param_names().iter().map(|n| PyString::intern(py, n).unbind()).collect();
-        let npos = npos.min(names.len());
+        let params = ParamNames::new(py, sig.get())?;
+        let npos = npos.min(params.len());
         let mut st = Vec::new();
         for f in state.try_iter()? {
             let f = f?;
@@ -381,7 +375,7 @@ impl Site {
             fallback,
             checks: cs,
             state: st,
-            names,
+            params,
             npos,
             replays: AtomicU64::new(0),
             bound_calls: AtomicU64::new(0),
@@ -493,9 +487,7 @@ impl Site {
         for s in &self.state {
             visit.call(s)?;
         }
-        for n in &self.names {
-            visit.call(n)?;
-        }
+        self.params.traverse(&visit)?;
         Ok(())
     }
 }

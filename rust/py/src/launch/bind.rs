@@ -22,7 +22,7 @@ use jitkey_core::key::Encoder;
 
 use super::{borrowed, Launcher};
 use crate::keys::encode_into;
-use crate::signature::ArgSlots;
+use crate::signature::{str_utf8, ArgSlots};
 
 /// Launch options kept inline (more spill to the heap).
 const OPTS: usize = 8;
@@ -90,12 +90,12 @@ impl Opts {
             return;
         }
         if self.n > OPTS {
-            self.heap.sort_by_cached_key(|&(k, _)| name_utf8(k));
+            self.heap.sort_by_cached_key(|&(k, _)| str_utf8(k));
             return;
         }
         let mut named: [(&[u8], Opt); OPTS] = [(&[], (null_mut(), null_mut())); OPTS];
         for (slot, &o) in named.iter_mut().zip(&self.stack[..self.n]) {
-            *slot = (name_utf8(o.0), o);
+            *slot = (str_utf8(o.0), o);
         }
         let named = &mut named[..self.n];
         if !named.windows(2).all(|w| w[0].0 <= w[1].0) {
@@ -104,26 +104,6 @@ impl Opts {
                 *slot = o;
             }
         }
-    }
-}
-
-/// The UTF-8 bytes of a keyword name, as cached by the str object (no copy); empty for a name that
-/// has none (not a str, lone surrogates), as the sort has always treated those.
-fn name_utf8<'a>(p: *mut ffi::PyObject) -> &'a [u8] {
-    // SAFETY: `p` is a live object kept alive by the call; PyUnicode_AsUTF8AndSize returns the
-    // str's own cached UTF-8 buffer, valid while the str lives, or null with an error set, which is
-    // cleared here.
-    unsafe {
-        if ffi::PyUnicode_Check(p) == 0 {
-            return &[];
-        }
-        let mut size: ffi::Py_ssize_t = 0;
-        let data = ffi::PyUnicode_AsUTF8AndSize(p, &mut size);
-        if data.is_null() {
-            ffi::PyErr_Clear();
-            return &[];
-        }
-        std::slice::from_raw_parts(data.cast::<u8>(), size as usize)
     }
 }
 
@@ -237,7 +217,7 @@ impl Launcher {
         b: &mut BoundArgs,
     ) -> Result<(), String> {
         let sig = self.sig.get();
-        let n = self.names.len();
+        let n = self.params.len();
         let nargs = pos.len();
         if nargs > self.npos {
             let npos = self.npos;
@@ -300,7 +280,7 @@ impl Launcher {
     ) -> KwPlan {
         let slots: Box<[Kw]> = kw_names.iter().map(|&k| self.keyword(py, k)).collect();
         let mut order: Vec<usize> = (0..kw_names.len()).filter(|&i| slots[i] == Kw::Opt).collect();
-        order.sort_unstable_by(|&a, &b| name_utf8(kw_names[a]).cmp(name_utf8(kw_names[b])));
+        order.sort_unstable_by(|&a, &b| str_utf8(kw_names[a]).cmp(str_utf8(kw_names[b])));
         let mut enc = Encoder::from_vec(Vec::new());
         let mut ends = Vec::with_capacity(order.len());
         let mut encoded = true;
@@ -321,7 +301,7 @@ impl Launcher {
 
     /// What keyword `k` names.
     fn keyword(&self, py: Python<'_>, k: *mut ffi::PyObject) -> Kw {
-        let by_ptr = self.names.iter().position(|name| name.as_ptr() == k);
+        let by_ptr = self.params.by_address(k);
         // An interned name equal to a run keyword is that keyword's object; any other spelling of it is
         // compared by value (off the usual path: names at a call site are interned).
         if self.run_keywords.iter().any(|r| r.as_ptr() == k)
@@ -329,7 +309,7 @@ impl Launcher {
         {
             return Kw::Run;
         }
-        match by_ptr.or_else(|| self.param_index(py, k)) {
+        match by_ptr.or_else(|| self.params.by_value(py, self.sig.get(), k)) {
             Some(j) => Kw::Param(j),
             None => Kw::Opt,
         }
@@ -342,27 +322,5 @@ impl Launcher {
         let Ok(key) = key.cast::<PyString>() else { return false };
         let Ok(key) = key.to_str() else { return false };
         self.run_keywords.iter().any(|r| r.bind(py).to_str().is_ok_and(|r| r == key))
-    }
-
-    /// The parameter named `k` (a keyword name that is not one of the interned parameter names
-    /// themselves): an exact str is compared by its cached hash first, so a launch option costs no
-    /// string comparison per parameter.
-    fn param_index(&self, py: Python<'_>, k: *mut ffi::PyObject) -> Option<usize> {
-        let names = self.sig.get().param_names();
-        // SAFETY: `k` is a live object kept alive by the call; for an exact str PyObject_Hash runs no
-        // Python code, cannot fail and returns the str's cached hash (computing it once).
-        let hash = unsafe { (ffi::PyUnicode_CheckExact(k) != 0).then(|| ffi::PyObject_Hash(k)) };
-        if let Some(h) = hash {
-            let key = name_utf8(k);
-            return self
-                .name_hashes
-                .iter()
-                .zip(names)
-                .position(|(&nh, name)| nh == h && name.as_bytes() == key);
-        }
-        let key = borrowed(py, k);
-        let key = key.cast::<PyString>().ok()?;
-        let key = key.to_str().ok()?;
-        names.iter().position(|name| name == key)
     }
 }

@@ -42,7 +42,7 @@ use jitkey_core::key::Encoder;
 use crate::errors::ArgumentError;
 use crate::keys::{encode_into, fast_hash_state, tuple_fill, tuple_item, with_encoder};
 use crate::lru::PyLruCache;
-use crate::signature::Signature;
+use crate::signature::{ParamNames, Signature};
 use crate::torch::TorchCurrent;
 use bind::{BoundArgs, KwPlans};
 use entry::{Entry, MAX_MID};
@@ -92,9 +92,8 @@ pub(crate) struct Launcher {
     miss: Py<PyAny>,
     fallback: Py<PyAny>,
     check_globals: Py<PyAny>,
-    names: Vec<Py<PyString>>,
-    /// `hash(name)` of each parameter name (a keyword name is compared by hash before its text).
-    name_hashes: Vec<ffi::Py_hash_t>,
+    /// The parameter names keyword arguments bind to.
+    params: ParamNames,
     /// How the keyword names of recent calls bind (`bind::KwPlan`).
     kw_plans: KwPlans,
     /// How many parameters may be passed positionally (the rest are keyword-only).
@@ -285,7 +284,7 @@ impl Launcher {
             (*grid).to_owned()
         } else {
             let d = PyDict::new(py);
-            for (name, &p) in self.names.iter().zip(params) {
+            for (name, &p) in self.params.objects().iter().zip(params) {
                 d.set_item(name.bind(py), borrowed(py, p))?;
             }
             grid.call1((d,))?
@@ -373,11 +372,8 @@ impl Launcher {
         npos: usize,
         watch: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
-        let names: Vec<_> =
-            sig.get().param_names().iter().map(|n| PyString::intern(py, n).unbind()).collect();
-        let name_hashes =
-            names.iter().map(|n| n.bind(py).hash().map(|h| h as ffi::Py_hash_t)).collect::<PyResult<_>>()?;
-        let npos = npos.min(names.len());
+        let params = ParamNames::new(py, sig.get())?;
+        let npos = npos.min(params.len());
         let knobs_module = info.getattr("knobs")?;
         let knobs_dict = knobs_module.getattr("__dict__")?.cast_into::<PyDict>()?;
         let mut sections = vec![PyString::intern(py, "runtime").unbind()];
@@ -425,8 +421,7 @@ impl Launcher {
             miss: kernel.getattr("_jk_miss")?.unbind(),
             fallback: kernel.getattr("_jk_native_fallback")?.unbind(),
             check_globals: kernel.getattr("_jk_check_globals")?.unbind(),
-            names,
-            name_hashes,
+            params,
             kw_plans: KwPlans::default(),
             npos,
             watch,
@@ -527,9 +522,7 @@ impl Launcher {
         visit.call(&self.miss)?;
         visit.call(&self.fallback)?;
         visit.call(&self.check_globals)?;
-        for n in &self.names {
-            visit.call(n)?;
-        }
+        self.params.traverse(&visit)?;
         if let Some(w) = &self.watch {
             visit.call(w)?;
         }

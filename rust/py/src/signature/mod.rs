@@ -70,6 +70,86 @@ impl ArgSlots {
     }
 }
 
+/// A signature's parameter names as the keyword names of a call are matched to them (the Triton
+/// launcher's binding and a DSL site's): interned `str` objects, so that a keyword written at a call
+/// site (the same interned object) is found by its address, and their hashes, so that any other
+/// exact `str` is found by its cached hash and then its bytes; a `str` subclass by its value.
+pub(crate) struct ParamNames {
+    names: Vec<Py<PyString>>,
+    hashes: Vec<ffi::Py_hash_t>,
+}
+
+impl ParamNames {
+    pub(crate) fn new(py: Python<'_>, sig: &Signature) -> PyResult<Self> {
+        let names: Vec<_> = sig.param_names().iter().map(|n| PyString::intern(py, n).unbind()).collect();
+        let hashes = names.iter().map(|n| n.bind(py).hash()).collect::<PyResult<_>>()?;
+        Ok(Self { names, hashes })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// The interned names, in parameter order.
+    pub(crate) fn objects(&self) -> &[Py<PyString>] {
+        &self.names
+    }
+
+    /// The parameter whose interned name is the object `k` itself.
+    #[inline]
+    pub(crate) fn by_address(&self, k: *mut ffi::PyObject) -> Option<usize> {
+        self.names.iter().position(|name| name.as_ptr() == k)
+    }
+
+    /// The parameter named `k` (a live object): by address, else by value.
+    #[inline]
+    pub(crate) fn index(&self, py: Python<'_>, sig: &Signature, k: *mut ffi::PyObject) -> Option<usize> {
+        self.by_address(k).or_else(|| self.by_value(py, sig, k))
+    }
+
+    /// The parameter named `k` when `k` is not one of the interned names: an exact `str` is compared
+    /// by its cached hash first, so a name that is no parameter's costs no string comparison.
+    pub(crate) fn by_value(&self, py: Python<'_>, sig: &Signature, k: *mut ffi::PyObject) -> Option<usize> {
+        let names = sig.param_names();
+        // SAFETY: `k` is a live object kept alive by the call; for an exact str PyObject_Hash runs no
+        // Python code, cannot fail and returns the str's cached hash (computing it once).
+        let hash = unsafe { (ffi::PyUnicode_CheckExact(k) != 0).then(|| ffi::PyObject_Hash(k)) };
+        if let Some(h) = hash {
+            let key = str_utf8(k);
+            return self.hashes.iter().zip(names).position(|(&nh, name)| nh == h && name.as_bytes() == key);
+        }
+        // SAFETY: `k` is a live object kept alive by the call.
+        let key = unsafe { Borrowed::from_ptr(py, k) };
+        let key = key.cast::<PyString>().ok()?;
+        let key = key.to_str().ok()?;
+        names.iter().position(|name| name == key)
+    }
+
+    pub(crate) fn traverse(&self, visit: &pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        self.names.iter().try_for_each(|n| visit.call(n))
+    }
+}
+
+/// The UTF-8 bytes of a `str` as the object caches them (no copy); empty for anything that has none
+/// (not a str, lone surrogates): how keyword names sort and compare.
+pub(crate) fn str_utf8<'a>(p: *mut ffi::PyObject) -> &'a [u8] {
+    // SAFETY: `p` is a live object kept alive by the call; PyUnicode_AsUTF8AndSize returns the
+    // str's own cached UTF-8 buffer, valid while the str lives, or null with an error set, which is
+    // cleared here.
+    unsafe {
+        if ffi::PyUnicode_Check(p) == 0 {
+            return &[];
+        }
+        let mut size: ffi::Py_ssize_t = 0;
+        let data = ffi::PyUnicode_AsUTF8AndSize(p, &mut size);
+        if data.is_null() {
+            ffi::PyErr_Clear();
+            return &[];
+        }
+        std::slice::from_raw_parts(data.cast::<u8>(), size as usize)
+    }
+}
+
 // ---- the miss sentinel -------------------------------------------------------------------------
 
 /// The type of `jitkey.MISS`, what `Signature.lookup` returns when the cache has no entry.
