@@ -24,9 +24,13 @@ TRITON_LATEST_STAMP := $(TRITON_LATEST_DIR)/.installed-$(TRITON_LATEST)
 # Every test/bench module that imports triton (new ones join the matrix automatically).
 TRITON_TESTS = $(shell grep -lE '^[[:space:]]*(import triton|from triton[ .]|.*importorskip..triton)' tests/test_*.py benches/test_*.py)
 
-.PHONY: all venv build test test-rust test-python test-triton-latest bench lint format wheel sdist install-check clean redis-server
+.PHONY: all help venv build test test-rust test-python test-triton-latest bench lint format wheel sdist install-check clean redis-server
 
 all: lint test
+
+## help: this list (each target's `## name: what it does` line)
+help:
+	@awk '/^## [a-z-]+: /{sub(/^## /,""); n=index($$0,": "); printf "  %-20s %s\n", substr($$0,1,n-1), substr($$0,n+2); next} /^## /{sub(/^## /,""); printf "  %-20s %s\n", "", $$0}' $(MAKEFILE_LIST)
 
 $(DEPS_STAMP): requirements-dev.txt
 	@test -x $(PY) || { echo "[make] creating $(VENV)"; python3 -m venv $(VENV); }
@@ -35,6 +39,8 @@ $(DEPS_STAMP): requirements-dev.txt
 	@echo "[make] of wheels, torch's CUDA libraries included; several minutes; pip lists what it installs)"
 	set -o pipefail; $(PY) -m pip install --progress-bar off -r requirements-dev.txt | { grep -v '^Requirement already satisfied' || true; }
 	@rm -f $(VENV)/.deps-*; touch $@
+
+## venv: the virtualenv with the pinned dependencies of requirements-dev.txt
 
 venv: $(DEPS_STAMP)
 
@@ -49,9 +55,13 @@ test: build test-rust test-python
 
 # With the fault-injection feature, so the crash points' own tests run too; then the doctests without it,
 # which check that a release build exposes no crash point (rust/core/src/disk/mod.rs).
+## test-rust: the Rust core's tests (cargo test, with the crash points; then the doctests without)
+
 test-rust:
 	cargo test -p jitkey-core --features fault-injection
 	cargo test -p jitkey-core --doc
+
+## test-python: pytest over tests/ and benches/ (benchmarks run once, as correctness checks)
 
 test-python: build redis-server
 	JITKEY_EXPECT_TRITON=$(TRITON_PINNED) $(PY) -m pytest -q $(PYTEST_ARGS)
@@ -91,6 +101,8 @@ lint: build
 	$(PY) -m mypy python/jitkey
 	$(PY) -m mypy.stubtest jitkey._core --allowlist .stubtest-allowlist
 
+## format: cargo fmt and ruff format, in place
+
 format: venv
 	cargo fmt --all
 	$(VENV)/bin/ruff format python tests benches examples
@@ -118,6 +130,8 @@ sdist: venv
 ## snippets of the README and docs/ run against each (what a user gets from `pip install`)
 install-check: wheel sdist
 	bash scripts/install_check.sh dist
+
+## clean: remove what the build made: target/, dist/, the venv and the Triton matrix folder
 
 clean:
 	rm -rf target dist $(VENV) $(TRITON_LATEST_DIR)
