@@ -1,9 +1,12 @@
 //! jitkey._core: the PyO3 binding of jitkey-core. Wiring only; each concept has its own module.
 //!
+//! * `cpython`: access to CPython objects (tuple items, ints, str hashes and UTF-8, exact types,
+//!   direct reads where proven), shared by the key walks, the launch path and DSL sites.
 //! * `keys`: Python value → canonical encoding (`jitkey.encode`), and the structural hash of
 //!   `jitkey.LruCache` keys.
 //! * `torch`: the only module that knows torch: the tensor type, direct `TensorImpl` reads, a
-//!   tensor's metadata under a rule, and the dtype and device tables both key walks share.
+//!   tensor's metadata under a rule, the dtype and device tables both key walks share, and torch's
+//!   C shim (the current device and stream, native allocation).
 //! * `signature`: `jitkey.Signature` (rule compilation, the per-call walk, the class).
 //! * `lru`, `disk`: `jitkey.LruCache`, `jitkey.DiskIndex`.
 //! * `launch`: the Triton warm-launch path (`_TritonLauncher`, `_TritonEntry`, `_KernelBase`) and
@@ -14,6 +17,7 @@
 
 use pyo3::prelude::*;
 
+mod cpython;
 mod cuda;
 #[cfg(unix)]
 mod disk;

@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::types::{PyDict, PyString, PyTuple};
 
-use crate::keys::tuple_fill;
+use crate::cpython::tuple_fill;
 use crate::launch::{launch_from_plan, CompiledLaunch, Launcher};
 use crate::torch::TorchAlloc;
 

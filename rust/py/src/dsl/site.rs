@@ -18,7 +18,8 @@ use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::types::{PyDict, PyString, PyTuple};
 
 use super::plan::Plan;
-use crate::keys::{encode_into, fast_hash_state, tuple_item, with_encoder};
+use crate::cpython::tuple_item;
+use crate::keys::{encode_into, fast_hash_state, with_encoder};
 use crate::launch::Leave;
 use crate::lru::PyLruCache;
 use crate::signature::{ArgSlots, ParamNames, Signature};
@@ -263,7 +264,7 @@ fn call_args<'py>(
         let t = Bound::from_owned_ptr(py, t);
         for (i, &p) in args.iter().enumerate() {
             ffi::Py_INCREF(p);
-            crate::keys::tuple_fill(t.as_ptr(), i as ffi::Py_ssize_t, p);
+            crate::cpython::tuple_fill(t.as_ptr(), i as ffi::Py_ssize_t, p);
         }
         Bound::from_owned_ptr_or_err(py, ffi::PyObject_Call(f.as_ptr(), t.as_ptr(), null_mut()))
     }

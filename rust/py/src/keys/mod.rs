@@ -7,15 +7,14 @@
 //! tables of `crate::torch` (shared with the signature walk); any other object must define
 //! `__jitkey__()`, else the walk fails naming the type and position.
 //!
-//! Submodules: `layout` (direct reads of CPython tuples and strs, enabled only where proven) and
-//! `structural` (the in-memory hash and equality of `jitkey.LruCache` keys without encoding).
+//! Submodule `structural`: the in-memory hash and equality of `jitkey.LruCache` keys without encoding.
+//! The CPython reads (tuple items, ints, str hashes) are `crate::cpython`'s.
 
 use std::cell::Cell;
 use std::ffi::c_int;
 use std::ptr::addr_of_mut;
 use std::sync::RwLock;
 
-mod layout;
 mod structural;
 
 use jitkey_core::key::{EncodeError, Encoder, FastHashState, MAX_DEPTH};
@@ -24,63 +23,10 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString, PyType};
 
+use crate::cpython::{init_layout, is_type, tuple_item, tuple_len};
 use crate::errors::{KeyDepthError, KeyLengthError, UnsupportedKeyError};
 use crate::torch::{device_of, dtype_name, torch_kind, TorchError, TorchKind};
-use layout::{init_layout, tuple_len};
-pub(crate) use layout::{tuple_fill, tuple_item};
 pub(crate) use structural::{structural_eq, structural_hash};
-
-/// An int's value when it fits in i64, else `None` (any error it set is cleared). An exact int of
-/// at most one digit is read from the object itself (`layout::small_int`), the rest through
-/// `PyLong_AsLongLongAndOverflow`.
-///
-/// # Safety
-/// `ptr` is a live int (`PyLong_Check` passed); reading it runs no Python code.
-#[inline]
-pub(crate) unsafe fn int_i64(ptr: *mut ffi::PyObject) -> Option<i64> {
-    // SAFETY: the contract; `ob_type` is stable-ABI layout and `small_int` is only used on an exact
-    // int; the error indicator is checked and cleared with the GIL held.
-    unsafe {
-        if is_type((*ptr).ob_type, addr_of_mut!(ffi::PyLong_Type)) {
-            if let Some(v) = layout::small_int(ptr) {
-                return Some(v);
-            }
-        }
-        let mut overflow: c_int = 0;
-        let v = ffi::PyLong_AsLongLongAndOverflow(ptr, &mut overflow);
-        if overflow != 0 {
-            return None;
-        }
-        if v == -1 && !ffi::PyErr_Occurred().is_null() {
-            ffi::PyErr_Clear();
-            return None;
-        }
-        Some(v)
-    }
-}
-
-/// An int's value when it fits in `[-2**63, 2**64)`, else `None` (any error it set is cleared).
-/// Shared by the signature walk (Triton's int range) and the launch packer.
-///
-/// # Safety
-/// `ptr` is a live int (`PyLong_Check` passed); reading it runs no Python code.
-#[inline]
-pub(crate) unsafe fn int_i128(ptr: *mut ffi::PyObject) -> Option<i128> {
-    // SAFETY: the contract.
-    if let Some(v) = unsafe { int_i64(ptr) } {
-        return Some(i128::from(v));
-    }
-    // Outside i64: only `[2**63, 2**64)` is read (a negative int raises here, and is cleared).
-    // SAFETY: the contract; the error indicator is checked and cleared with the GIL held.
-    unsafe {
-        let u = ffi::PyLong_AsUnsignedLongLong(ptr);
-        if u == u64::MAX && !ffi::PyErr_Occurred().is_null() {
-            ffi::PyErr_Clear();
-            return None;
-        }
-        Some(i128::from(u))
-    }
-}
 
 /// One step of the path from the root of a key tree to the failing leaf.
 #[derive(Debug, Clone, Copy)]
@@ -251,11 +197,6 @@ fn encode_torch(obj: &Bound<'_, PyAny>, kind: TorchKind, enc: &mut Encoder) -> W
 }
 
 // ---- the walk ----------------------------------------------------------------------------------
-
-#[inline]
-pub(super) fn is_type(tp: *mut ffi::PyTypeObject, builtin: *mut ffi::PyTypeObject) -> bool {
-    std::ptr::eq(tp, builtin)
-}
 
 /// Appends the canonical encoding of `obj` to `enc`.
 ///

@@ -15,8 +15,8 @@ use jitkey_core::key::MAX_DEPTH;
 use pyo3::ffi;
 use pyo3::prelude::*;
 
-use super::layout::{small_int, str_hash, tuple_item, tuple_len};
-use super::{fast_hash_state, is_type};
+use super::fast_hash_state;
+use crate::cpython::{is_type, small_int, str_hash, tuple_item, tuple_len};
 use crate::torch::{dtype_type, torch_kind, TorchKind};
 
 const K_MUL: u64 = 0x9E37_79B9_7F4A_7C15;

@@ -21,8 +21,9 @@ use pyo3::types::PyString;
 use jitkey_core::key::Encoder;
 
 use super::{borrowed, Launcher};
+use crate::cpython::str_utf8;
 use crate::keys::encode_into;
-use crate::signature::{str_utf8, ArgSlots};
+use crate::signature::ArgSlots;
 
 /// Launch options kept inline (more spill to the heap).
 const OPTS: usize = 8;

@@ -39,8 +39,9 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 
 use jitkey_core::key::Encoder;
 
+use crate::cpython::{tuple_fill, tuple_item};
 use crate::errors::ArgumentError;
-use crate::keys::{encode_into, fast_hash_state, tuple_fill, tuple_item, with_encoder};
+use crate::keys::{encode_into, fast_hash_state, with_encoder};
 use crate::lru::PyLruCache;
 use crate::signature::{ParamNames, Signature};
 use crate::torch::TorchCurrent;

@@ -25,8 +25,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
+use crate::cpython::{int_i128, tuple_item};
 use crate::cuda::Dialect;
-use crate::keys::{int_i128, tuple_item};
 use crate::torch::cuda_data_ptr;
 
 /// One scalar kernel parameter, by how it is packed.

@@ -12,7 +12,7 @@ use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::types::{PyDict, PyInt, PyTuple};
 
 use super::{Call, Launcher};
-use crate::keys::tuple_item;
+use crate::cpython::tuple_item;
 
 struct Def(*mut ffi::PyMethodDef);
 // SAFETY: a definition is written once, then only read (by CPython).

@@ -21,6 +21,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PySequence, PyString, PyTuple};
 
+use crate::cpython::str_utf8;
 use crate::errors::{ArgumentError, SignatureError};
 use crate::keys::{encode_into, fast_hash_state, with_encoder};
 use crate::lru::PyLruCache;
@@ -127,26 +128,6 @@ impl ParamNames {
 
     pub(crate) fn traverse(&self, visit: &pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
         self.names.iter().try_for_each(|n| visit.call(n))
-    }
-}
-
-/// The UTF-8 bytes of a `str` as the object caches them (no copy); empty for anything that has none
-/// (not a str, lone surrogates): how keyword names sort and compare.
-pub(crate) fn str_utf8<'a>(p: *mut ffi::PyObject) -> &'a [u8] {
-    // SAFETY: `p` is a live object kept alive by the call; PyUnicode_AsUTF8AndSize returns the
-    // str's own cached UTF-8 buffer, valid while the str lives, or null with an error set, which is
-    // cleared here.
-    unsafe {
-        if ffi::PyUnicode_Check(p) == 0 {
-            return &[];
-        }
-        let mut size: ffi::Py_ssize_t = 0;
-        let data = ffi::PyUnicode_AsUTF8AndSize(p, &mut size);
-        if data.is_null() {
-            ffi::PyErr_Clear();
-            return &[];
-        }
-        std::slice::from_raw_parts(data.cast::<u8>(), size as usize)
     }
 }
 

@@ -12,8 +12,9 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
+use crate::cpython::{int_i128, int_i64, tuple_item};
 use crate::errors::ArgumentError;
-use crate::keys::{encode_into, int_i128, int_i64, tuple_item, type_identity};
+use crate::keys::{encode_into, type_identity};
 use crate::torch::{self, encode_tensor, is_tensor, type_name, TorchError};
 
 // ---- failures ----------------------------------------------------------------------------------

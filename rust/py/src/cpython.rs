@@ -1,4 +1,6 @@
-//! Direct reads of CPython objects for the key walks, enabled only where proven.
+//! The binding's access to CPython objects, shared by the key walks (`crate::keys`), the signature
+//! walk, the launch packer and binder (`crate::launch`) and DSL sites (`crate::dsl`): tuple items,
+//! int values, str hashes and UTF-8, exact-type checks.
 //!
 //! The abi3 build may only call functions for tuple items and str hashes (`PyTuple_GetItem`,
 //! `PyObject_Hash`); those calls were a third of a warm structural hash. On the CPython builds an
@@ -7,6 +9,8 @@
 //! them directly only after `init_layout` proved, on live objects at import, that direct reads
 //! equal the API's answers; on any other interpreter it keeps calling the API.
 
+use std::ffi::c_int;
+use std::ptr::addr_of_mut;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use pyo3::ffi;
@@ -65,7 +69,7 @@ pub(crate) unsafe fn tuple_len(tuple: *mut ffi::PyObject) -> ffi::Py_ssize_t {
 /// # Safety
 /// `s` is a live exact str.
 #[inline(always)]
-pub(super) unsafe fn str_hash(s: *mut ffi::PyObject) -> ffi::Py_hash_t {
+pub(crate) unsafe fn str_hash(s: *mut ffi::PyObject) -> ffi::Py_hash_t {
     if FAST_LAYOUT.load(Ordering::Relaxed) {
         // SAFETY: layout verified by `init_layout`.
         let cached = unsafe { *s.cast::<ffi::Py_hash_t>().add(STR_HASH_WORD) };
@@ -91,7 +95,7 @@ const INT_DIGITS_OFFSET: usize = 3 * std::mem::size_of::<usize>();
 /// # Safety
 /// `v` is a live exact int.
 #[inline(always)]
-pub(super) unsafe fn small_int(v: *mut ffi::PyObject) -> Option<i64> {
+pub(crate) unsafe fn small_int(v: *mut ffi::PyObject) -> Option<i64> {
     let (sign, word) = match INT_LAYOUT.load(Ordering::Relaxed) {
         // SAFETY: layout proven by `init_int_layout`; the word after the header is in the object.
         1 => match unsafe { *v.cast::<isize>().add(2) } {
@@ -183,4 +187,82 @@ fn layout_matches(py: Python<'_>) -> PyResult<bool> {
     // SAFETY: as above; `probe` is still alive.
     let after = unsafe { *sp.cast::<ffi::Py_hash_t>().add(STR_HASH_WORD) };
     Ok(before == -1 && after == hash && hash != -1)
+}
+
+/// Whether `tp` is exactly the builtin type `builtin`.
+#[inline]
+pub(crate) fn is_type(tp: *mut ffi::PyTypeObject, builtin: *mut ffi::PyTypeObject) -> bool {
+    std::ptr::eq(tp, builtin)
+}
+
+/// An int's value when it fits in i64, else `None` (any error it set is cleared). An exact int of
+/// at most one digit is read from the object itself (`small_int`), the rest through
+/// `PyLong_AsLongLongAndOverflow`.
+///
+/// # Safety
+/// `ptr` is a live int (`PyLong_Check` passed); reading it runs no Python code.
+#[inline]
+pub(crate) unsafe fn int_i64(ptr: *mut ffi::PyObject) -> Option<i64> {
+    // SAFETY: the contract; `ob_type` is stable-ABI layout and `small_int` is only used on an exact
+    // int; the error indicator is checked and cleared with the GIL held.
+    unsafe {
+        if is_type((*ptr).ob_type, addr_of_mut!(ffi::PyLong_Type)) {
+            if let Some(v) = small_int(ptr) {
+                return Some(v);
+            }
+        }
+        let mut overflow: c_int = 0;
+        let v = ffi::PyLong_AsLongLongAndOverflow(ptr, &mut overflow);
+        if overflow != 0 {
+            return None;
+        }
+        if v == -1 && !ffi::PyErr_Occurred().is_null() {
+            ffi::PyErr_Clear();
+            return None;
+        }
+        Some(v)
+    }
+}
+
+/// An int's value when it fits in `[-2**63, 2**64)`, else `None` (any error it set is cleared).
+/// Shared by the signature walk (Triton's int range) and the launch packer.
+///
+/// # Safety
+/// `ptr` is a live int (`PyLong_Check` passed); reading it runs no Python code.
+#[inline]
+pub(crate) unsafe fn int_i128(ptr: *mut ffi::PyObject) -> Option<i128> {
+    // SAFETY: the contract.
+    if let Some(v) = unsafe { int_i64(ptr) } {
+        return Some(i128::from(v));
+    }
+    // Outside i64: only `[2**63, 2**64)` is read (a negative int raises here, and is cleared).
+    // SAFETY: the contract; the error indicator is checked and cleared with the GIL held.
+    unsafe {
+        let u = ffi::PyLong_AsUnsignedLongLong(ptr);
+        if u == u64::MAX && !ffi::PyErr_Occurred().is_null() {
+            ffi::PyErr_Clear();
+            return None;
+        }
+        Some(i128::from(u))
+    }
+}
+
+/// The UTF-8 bytes of a `str` as the object caches them (no copy); empty for anything that has none
+/// (not a str, lone surrogates): how keyword names sort and compare.
+pub(crate) fn str_utf8<'a>(p: *mut ffi::PyObject) -> &'a [u8] {
+    // SAFETY: `p` is a live object kept alive by the call; PyUnicode_AsUTF8AndSize returns the
+    // str's own cached UTF-8 buffer, valid while the str lives, or null with an error set, which is
+    // cleared here.
+    unsafe {
+        if ffi::PyUnicode_Check(p) == 0 {
+            return &[];
+        }
+        let mut size: ffi::Py_ssize_t = 0;
+        let data = ffi::PyUnicode_AsUTF8AndSize(p, &mut size);
+        if data.is_null() {
+            ffi::PyErr_Clear();
+            return &[];
+        }
+        std::slice::from_raw_parts(data.cast::<u8>(), size as usize)
+    }
 }
