@@ -366,16 +366,24 @@ def test_report_merges_processes():
         "misses": 1,
         "fallbacks": 0,
         "fallback_reasons": {},
+        "driver_launches": 4,
+        "launcher_reasons": {},
+        "unplanned_variants": {"no launch plan": 1},
+        "l2_hits": 0,
+        "l2_misses": 1,
+        "l2_recorded": 1,
+        "l2_skipped": {},
+        "kept": {"torch Inductor's own kernel": 3},
         "busiest": [{"kernel": "m:k", "launches": 5, "hits": 4, "misses": 1, "fallbacks": 0}],
     }
     m = merge([a, b], top=5)
     assert (m["kernels"], m["launches"], m["hits"], m["fallbacks"]) == (3, 15, 12, 1)
     assert m["warm_fast_path"] == 12 / 13 and m["busiest"][0]["launches"] == 15
-    # b is a report of an older jitkey (no launch counts): it adds nothing to them
-    assert m["driver_launches"] == 7 and m["launcher_reasons"] == {"the stream is not an int": 1}
-    assert m["unplanned_variants"] == {}
-    assert (m["l2_hits"], m["l2_misses"], m["l2_recorded"]) == (1, 0, 0)  # b (older) has no L2 counts
+    assert m["driver_launches"] == 11 and m["launcher_reasons"] == {"the stream is not an int": 1}
+    assert m["unplanned_variants"] == {"no launch plan": 1}
+    assert (m["l2_hits"], m["l2_misses"], m["l2_recorded"]) == (1, 1, 1)
     assert m["l2_skipped"] == {"a jit_cache_hook or jit_post_compile_hook is set": 2}
+    assert m["kept"] == {"torch Inductor's own kernel": 3}  # a process's report has it, a kernel's does not
     assert jitkey.triton.report()["kernels"] >= 1
 
 

@@ -224,16 +224,16 @@ def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
             out[k] += r[k]
         for why, n in r["fallback_reasons"].items():
             reasons[why] = reasons.get(why, 0) + n
-        driver += r.get("driver_launches", 0)  # reports of older jitkey versions lack the launch counts
-        for why, n in r.get("launcher_reasons", {}).items():
+        driver += r["driver_launches"]
+        for why, n in r["launcher_reasons"].items():
             launcher[why] = launcher.get(why, 0) + n
-        for why, n in r.get("unplanned_variants", {}).items():
+        for why, n in r["unplanned_variants"].items():
             unplanned[why] = unplanned.get(why, 0) + n
-        for k in l2:  # reports of older jitkey versions lack the L2 counts
-            l2[k] += r.get(k, 0)
-        for why, n in r.get("l2_skipped", {}).items():
+        for k in l2:
+            l2[k] += r[k]
+        for why, n in r["l2_skipped"].items():
             l2_skipped[why] = l2_skipped.get(why, 0) + n
-        for why, n in r.get("kept", {}).items():
+        for why, n in r.get("kept", {}).items():  # a process's report has it, a kernel's does not
             kept_[why] = kept_.get(why, 0) + n
         for b in r["busiest"]:
             d = busiest.setdefault(b["kernel"], {"launches": 0, "hits": 0, "misses": 0, "fallbacks": 0})
