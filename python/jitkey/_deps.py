@@ -1,25 +1,29 @@
-"""Optional dependencies: a clear error naming the package and the extra that installs it."""
+"""Optional dependencies: one error for a missing one (:class:`jitkey.errors.MissingDependencyError`, a
+``ModuleNotFoundError``), naming the feature, the package and the extra that installs it."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
 
+from jitkey.errors import MissingDependencyError
+
 # module -> (pip package, jitkey extra)
 _PACKAGES = {
     "torch": ("torch", "torch"),
     "triton": ("triton", "triton"),
     "matplotlib": ("matplotlib", "plot"),
+    "redis": ("redis", "redis"),
 }
 
 
-def missing(module: str, feature: str) -> ModuleNotFoundError:
+def missing(module: str, feature: str) -> MissingDependencyError:
     """The error for ``feature`` needing ``module``, which is not installed."""
     package, extra = _PACKAGES.get(module, (module, None))
     hint = f"pip install {package}"
     if extra is not None:
         hint += f"  (or: pip install 'jitkey[{extra}]')"
-    return ModuleNotFoundError(f"{feature} needs {package}, which is not installed: {hint}", name=module)
+    return MissingDependencyError(f"{feature} needs {package}, which is not installed: {hint}", name=module)
 
 
 def require(module: str, feature: str) -> None:

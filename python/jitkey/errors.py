@@ -71,9 +71,10 @@ class ValueTooLargeError(JitKeyError, ValueError):
     """A value is larger than the store accepts."""
 
 
-class MissingDependencyError(JitKeyError, ImportError):
-    """An optional dependency a feature needs is not installed; the message names the extra to install
-    (e.g. ``pip install 'jitkey[redis]'`` for :class:`jitkey.RemoteIndex`)."""
+class MissingDependencyError(JitKeyError, ModuleNotFoundError):
+    """An optional dependency a feature needs is not installed (``name`` is its module); the message names the
+    package and the extra that installs it (e.g. ``pip install 'jitkey[redis]'`` for :class:`jitkey.RemoteIndex`).
+    Every missing optional dependency is reported this way (``jitkey._deps``)."""
 
 
 class RemoteConfigError(JitKeyError, ValueError):

@@ -71,7 +71,7 @@ import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from jitkey import _resp
+from jitkey import _deps, _resp
 from jitkey._core import DiskIndex, _TierBase, digest
 from jitkey.errors import (
     KeyLengthError,
@@ -153,9 +153,7 @@ def _import_redis() -> Any:
     try:
         import redis.connection
     except ImportError as exc:
-        raise MissingDependencyError(
-            "jitkey's remote tier needs the redis client: pip install 'jitkey[redis]'"
-        ) from exc
+        raise _deps.missing("redis", "jitkey's remote tier (the redis client)") from exc
     return redis
 
 

@@ -15,6 +15,7 @@ import importlib.metadata
 from types import ModuleType
 from typing import Any
 
+from jitkey import _deps
 from jitkey.errors import UnsupportedVersionError
 
 #: Adapter name → module.
@@ -37,11 +38,11 @@ def library_version(dist: str) -> str | None:
 
 
 def check_version(library: str, dist: str, supported: tuple[str, ...]) -> str:
-    """The installed version of ``dist``; raises ``ModuleNotFoundError`` if absent and
+    """The installed version of ``dist``; raises :class:`MissingDependencyError` if absent and
     :class:`UnsupportedVersionError` if it is not one of ``supported``."""
     v = library_version(dist)
     if v is None:
-        raise ModuleNotFoundError(f"jitkey.integrations: {library} is not installed", name=dist)
+        raise _deps.missing(dist, f"jitkey.integrations ({library})")
     if v not in supported:
         raise UnsupportedVersionError(
             f"jitkey.integrations: {library} {v} is not supported (supported: {', '.join(supported)}); "

@@ -42,9 +42,9 @@ from __future__ import annotations
 try:
     import triton as _triton  # noqa: F401
 except ImportError as _exc:  # pragma: no cover - exercised by the packaging tests
-    raise ImportError(
-        "jitkey.triton needs Triton: pip install 'jitkey[triton]' (or install triton yourself)"
-    ) from _exc
+    from jitkey import _deps
+
+    raise _deps.missing("triton", "jitkey.triton") from _exc
 
 import sys
 import types
