@@ -79,7 +79,14 @@ def helion() -> None:
     for ks in _kernel.registry():
         snap = ks.snapshot()
         if snap["hits"]:
-            keep = ("hits", "misses", "driver_launches", "launcher_reasons", "unplanned_variants", "fallback_reasons")
+            keep = (
+                "hits",
+                "misses",
+                "driver_launches",
+                "launcher_reasons",
+                "unplanned_variants",
+                "fallback_reasons",
+            )
             print("kernel", getattr(ks, "name", ks), {k: snap[k] for k in keep})
     print("launcher state counts:", dict(launcher.state_counts()))
     for name, f in [

@@ -48,7 +48,7 @@ def test_info_text_and_json_agree(tmp_path: Path) -> None:
     doc = json.loads(jk("info", "--json", env=env).stdout)
     assert text.returncode == 0, text.stderr
     assert doc["jitkey"] == jitkey.__version__ and f"jitkey {jitkey.__version__}" in text.stdout
-    assert set(doc["fast_paths"]) >= {"cpython_layout", "tensor_fields", "native_launcher", "direct_launch"}
+    assert set(doc["fast_paths"]) >= {"cpython_layout", "tensor_fields", "native_launcher", "driver_launch"}
     for name, fp in doc["fast_paths"].items():
         assert fp["on"] in (True, False, None), name
         assert name in text.stdout

@@ -115,8 +115,8 @@ inspect.getsource = counting
 info = _installed.TritonInfo()
 print(json.dumps({
     "calls": len(calls),
-    "facts": [info.problem, info.knob_reads, info.checks_stages_hook, info.launcher_call is not None,
-              info.launcher_problem, info.launch_dialect, info.driver_launch_problem, info.plan_call is not None],
+    "facts": [info.problem, info.knob_reads, info.checks_stages_hook, info.launch_dialect,
+              info.driver_launch_problem, info.plan_call is not None],
 }))
 """
 
@@ -147,7 +147,7 @@ def test_patched_triton_code_is_inspected_again(tmp_path: Path) -> None:
         cache=cache,
     )
     assert patched["calls"] > 0
-    dialect, why = patched["facts"][5], patched["facts"][6]
+    dialect, why = patched["facts"][3], patched["facts"][4]
     assert dialect is None and "CudaLauncher.__call__ is not" in why
 
 
@@ -160,7 +160,7 @@ def test_a_damaged_detection_record_is_computed_again(tmp_path: Path) -> None:
     cache = tmp_path / "jk"
     run_child(INSPECT, cache=cache)
     identity = _installed._inspected_identity(str(triton.__version__))  # the child's: same code, same files
-    key = jitkey.digest((_installation.SCHEMA, _installation.VERSION, "triton_info", identity))
+    key = jitkey.digest((_installation.SCHEMA, _installation.VERSION, _installed.FACTS_MEMO, identity))
     with jitkey.DiskIndex(cache) as ix:
         assert ix.get(key) is not None
         ix.put(key, b"\xff not json")

@@ -917,63 +917,6 @@ def test_native_key_of_matches_the_launch_key(fake_runtime, fake_triton):
     assert keys[0] == keys[2] != keys[1] and len(set(keys)) == 4
 
 
-def _cuda_launcher(**attrs):
-    from triton.backends.nvidia.driver import CudaLauncher
-
-    run = CudaLauncher.__new__(CudaLauncher)  # no compile: only the attributes __call__ reads
-    launches = []
-    run.launch = lambda *a: launches.append(a)
-    fields = {
-        "num_ctas": 1,
-        "global_scratch_size": 0,
-        "global_scratch_align": 1,
-        "profile_scratch_size": 0,
-        "profile_scratch_align": 1,
-        "launch_cooperative_grid": False,
-        "launch_pdl": True,
-        **attrs,
-    }
-    for name, value in fields.items():
-        setattr(run, name, value)
-    return run, launches
-
-
-def test_direct_c_launch_passes_exactly_what_ck_run_would():
-    if jt.triton_info().launcher_call is None:
-        pytest.skip(
-            "this Triton's CudaLauncher.__call__ is not code jitkey forwards around (hits call ck.run)"
-        )
-    run, launches = _cuda_launcher()
-    pm = (4, 1, 0)
-    target, mid = _installed.launch_target(run, pm)
-    assert target is run.launch
-    args = (torch.empty(4), 7, 8.0, None)
-    run(2, 3, 4, 99, 1234, pm, "md", "enter", "exit", *args)  # CudaLauncher.__call__ itself
-    target(2, 3, 4, 99, 1234, *mid, "md", "enter", "exit", *args)  # what a hit calls
-    assert len(launches) == 2 and launches[0] == launches[1]
-
-
-@pytest.mark.parametrize("attrs", [{"global_scratch_size": 64}, {"profile_scratch_size": 8}])
-def test_direct_c_launch_not_used_when_scratch_is_needed(attrs):
-    run, _ = _cuda_launcher(**attrs)
-    pm = (4, 1, 0)
-    assert _installed.launch_target(run, pm) == (run, (pm,))
-
-
-def test_direct_c_launch_needs_known_launcher_code(monkeypatch):
-    from triton.backends.nvidia.driver import CudaLauncher
-
-    original = CudaLauncher.__call__
-
-    def patched(self, *args):  # e.g. a profiler wrapping the launcher
-        return original(self, *args)
-
-    monkeypatch.setattr(CudaLauncher, "__call__", patched)
-    assert _installed._known_launcher_call("x")[0] is None
-    run, _ = _cuda_launcher()
-    assert _installed.launch_target(run, (4, 1, 0)) == (run, ((4, 1, 0),))
-
-
 def test_native_sees_reassigned_kernel_attributes(fake_runtime, fake_triton):
     """The launcher reads the kernel's attributes per call, so replacing (not mutating) them is seen."""
     kernel = jt.bind(k_dns)

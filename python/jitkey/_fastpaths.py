@@ -9,7 +9,7 @@ correct path otherwise; this module reports the outcome (``jitkey info``, the be
 - ``tensor_fields``: dtype, ``data_ptr()``, sizes, strides read from torch's ``TensorImpl``
   (``jitkey._tensor_fields``, decided when the first tensor rule is compiled). ``JITKEY_TENSOR_FIELDS=0``
   turns it off.
-- ``native_launcher``, ``direct_launch`` (and other Triton facts): reported by
+- ``native_launcher`` (and other Triton facts): reported by
   ``jitkey.triton.fast_paths()`` where the installed binding provides it; ``unknown`` otherwise.
 """
 
@@ -30,7 +30,6 @@ _DESCRIPTIONS = {
     "tensor_fields": "tensor dtype/data_ptr/sizes/strides read from torch's TensorImpl",
     "binding": "jitkey.triton.jit returns jitkey kernels (JITKEY_TRITON=plain: plain Triton)",
     "native_launcher": "Triton warm launch in one native call",
-    "direct_launch": "Triton hit calls the compiled C launcher directly",
     "driver_launch": "Triton hit packs the parameters and calls cuLaunchKernelEx itself",
     "watched_state": "Triton state (kernel attrs, knobs, hooks): watched, kept while unchanged (OFF: per-call reads)",
     "native_current": "Triton hit reads the device and stream through torch's C shim (OFF: torch's Python getters)",
@@ -111,7 +110,6 @@ def triton_paths() -> dict[str, FastPath]:
     known = (
         "binding",
         "native_launcher",
-        "direct_launch",
         "driver_launch",
         "watched_state",
         "native_current",

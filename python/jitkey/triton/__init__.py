@@ -113,7 +113,6 @@ def fast_paths() -> dict[str, dict[str, Any]]:
 
     ``binding``: ``jit`` returns jitkey kernels (off under ``JITKEY_TRITON=plain``); ``native_launcher``:
     warm launches run natively (off when the installed Triton's internals are not the ones jitkey knows);
-    ``direct_launch``: hits call the CUDA launcher's compiled ``launch`` rather than ``ck.run``;
     ``driver_launch``: hits pack the kernel's parameters and call ``cuLaunchKernelEx`` themselves (off when
     the installed Triton's launcher code is not one jitkey mirrors, Triton 3.6.0's or 3.9.0's, or under
     ``JITKEY_DRIVER_LAUNCH=0``); ``watched_state``: hits reuse what they read from Triton's objects (the
@@ -133,7 +132,6 @@ def fast_paths() -> dict[str, dict[str, Any]]:
     return {
         "binding": {"on": not plain(), "why": "JITKEY_TRITON=plain" if plain() else None},
         "native_launcher": {"on": info.problem is None, "why": info.problem},
-        "direct_launch": {"on": info.launcher_call is not None, "why": info.launcher_problem},
         "driver_launch": {"on": info.driver_launch_problem is None, "why": info.driver_launch_problem},
         "watched_state": _watched_state(info),
         "native_current": _native_current(),

@@ -64,34 +64,32 @@ class TritonInfo:
             and p.name != "self"
         )
         facts = _installation.memo(
-            "triton_info", _inspected_identity(self.version), lambda: _inspect(self.version)
+            FACTS_MEMO, _inspected_identity(self.version), lambda: _inspect(self.version)
         )
         self.problem: str | None = facts["problem"]
         self.knob_reads: list[tuple[str, str, str]] = [(n, s, a) for n, s, a in facts["knob_reads"]]
         self.checks_stages_hook: bool = facts["checks_stages_hook"]
-        # CudaLauncher.__call__ when its code is exactly one this package knows (see _FORWARDING_CALLS),
-        # else None: then a hit calls ck.run, never the launcher's C function directly.
-        self.launcher_call: Callable[..., Any] | None = None
-        self.launcher_problem: str | None = facts["launcher_problem"]
         #: Why hits never pack and launch a kernel themselves (``None``: they do, see ``launch_plan``).
         self.driver_launch_problem: str | None = facts["driver_launch_problem"]
         #: The launcher code jitkey's launch plans mirror (``_KNOWN_LAUNCHER_CODE``: "3.6" or "3.9"), and
         #: ``CudaLauncher.__call__`` as inspected with it (a launcher whose ``__call__`` is another gets no plan).
         self.launch_dialect: str | None = facts["launch_dialect"]
         self.plan_call: Callable[..., Any] | None = None
-        if facts["forwarding_call"] or self.launch_dialect is not None:
+        if self.launch_dialect is not None:
             from triton.backends.nvidia.driver import CudaLauncher
 
-            if facts["forwarding_call"]:
-                self.launcher_call = CudaLauncher.__call__
-            if self.launch_dialect is not None:
-                self.plan_call = CudaLauncher.__dict__["__call__"]
+            self.plan_call = CudaLauncher.__dict__["__call__"]
         if self.problem is None and os.environ.get("JITKEY_DRIVER_LAUNCH", "").strip() == "0":
             self.launch_dialect, self.plan_call, self.driver_launch_problem = (
                 None,
                 None,
                 "JITKEY_DRIVER_LAUNCH=0",
             )
+
+
+#: The per-installation memo of :func:`_inspect`'s facts; "/2": they no longer hold the fields of the removed direct
+#: launch (another jitkey sharing the index reads and writes its own record).
+FACTS_MEMO = "triton_info/2"
 
 
 def _inspect(version: str) -> dict[str, Any]:
@@ -102,8 +100,6 @@ def _inspect(version: str) -> dict[str, Any]:
         "problem": None,
         "knob_reads": [],
         "checks_stages_hook": False,
-        "forwarding_call": False,
-        "launcher_problem": None,
         "launch_dialect": None,
         "driver_launch_problem": "not inspected",
     }
@@ -113,8 +109,6 @@ def _inspect(version: str) -> dict[str, Any]:
         facts["problem"] = f"cannot read JITFunction.run ({type(exc).__name__}: {exc})"
         return facts
     facts["problem"], facts["knob_reads"], facts["checks_stages_hook"] = _scan_run(src, version)
-    call, facts["launcher_problem"] = _known_launcher_call(version)
-    facts["forwarding_call"] = call is not None
     facts["launch_dialect"], facts["driver_launch_problem"] = _launcher_code(version)
     return facts
 
@@ -168,44 +162,9 @@ def _scan_run(src: str, version: str) -> tuple[str | None, list[tuple[str, str, 
     return None, knob_reads, "add_stages_inspection_hook" in src
 
 
-# The code of CudaLauncher.__call__ (whitespace-normalized, comments dropped) in the Triton versions jitkey knows.
-# Each one only allocates scratch buffers when a size is > 0 and otherwise forwards its arguments to
-# ``self.launch`` (the compiled C launcher) with ``launch_cooperative_grid, launch_pdl, None, None``
-# inserted after ``function``. For a kernel whose scratch sizes are both <= 0, a hit may therefore call
-# ``self.launch`` itself with exactly the arguments ``ck.run`` would pass, skipping one Python frame
-# (and its closure allocation) per launch. Any other code (a new Triton, a patch) keeps ``ck.run``.
-_FORWARDING_CALLS = (
-    """def __call__(self, gridX, gridY, gridZ, stream, function, *args):
-def allocate_scratch(size, align, allocator):
-if size > 0:
-grid_size = gridX * gridY * gridZ
-alloc_size = grid_size * self.num_ctas * size
-alloc_fn = allocator.get()
-return alloc_fn(alloc_size, align, stream)
-return None
-global_scratch = allocate_scratch(self.global_scratch_size, self.global_scratch_align, _allocation._allocator)
-profile_scratch = allocate_scratch(self.profile_scratch_size, self.profile_scratch_align,
-_allocation._profile_allocator)
-self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,
-global_scratch, profile_scratch, *args)""",
-)
-
-
 def _normalized_source(f: Any) -> str:
     lines = (ln.strip() for ln in inspect.getsource(f).splitlines())
     return "\n".join(ln for ln in lines if ln and not ln.startswith("#"))
-
-
-def _known_launcher_call(version: str) -> tuple[Callable[..., Any] | None, str | None]:
-    try:
-        from triton.backends.nvidia.driver import CudaLauncher
-
-        call = CudaLauncher.__call__
-        if _normalized_source(call) in _FORWARDING_CALLS:
-            return call, None
-        return None, f"triton {version}: CudaLauncher.__call__ is not code jitkey knows (hits call ck.run)"
-    except Exception as exc:  # no nvidia backend, no source: keep ck.run
-        return None, f"no readable CUDA launcher ({type(exc).__name__}: {exc})"
 
 
 # The code of the installed nvidia backend's launcher, whitespace-normalized, comments dropped, hashed (see
@@ -302,24 +261,6 @@ def triton_info() -> TritonInfo:
     info = TritonInfo()
     _register_key_adapters()
     return info
-
-
-def launch_target(run: Any, packed_metadata: Any) -> tuple[Any, tuple[Any, ...]]:
-    """``(target, mid)`` for a hit: ``target(gx, gy, gz, stream, function, *mid, md, enter, exit, *args)``.
-
-    ``ck.run`` with ``mid = (packed_metadata,)``; or, when ``ck.run`` is a ``CudaLauncher`` whose
-    ``__call__`` is code jitkey knows to only forward (see ``_FORWARDING_CALLS``) and the kernel needs no
-    scratch buffer, the launcher's own ``launch`` with the arguments that ``__call__`` would insert.
-    """
-    call = triton_info().launcher_call
-    if call is not None and type(run).__call__ is call:
-        try:
-            sizes = (run.global_scratch_size, run.profile_scratch_size)
-            if all(type(x) is int and x <= 0 for x in sizes):
-                return run.launch, (run.launch_cooperative_grid, run.launch_pdl, None, None, packed_metadata)
-        except AttributeError:
-            pass
-    return run, (packed_metadata,)
 
 
 def launch_plan(ck: Any, run: Any, nparams: int) -> tuple[_LaunchPlan | None, str | None]:

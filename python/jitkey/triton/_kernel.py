@@ -21,7 +21,7 @@ from triton.runtime.jit import jit as _TRITON_JIT
 from jitkey._core import MISS, LruCache, Signature, _KernelBase, _TritonEntry, _TritonLauncher, _watch_bump
 from jitkey.errors import GlobalsChangedError, JitKeyError
 from jitkey.triton import _installed, _watch
-from jitkey.triton._installed import Unkeyable, launch_plan, launch_target, triton_info
+from jitkey.triton._installed import Unkeyable, launch_plan, triton_info
 
 _log = logging.getLogger("jitkey.triton")
 _MISSING = object()
@@ -448,9 +448,10 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         if function is None:
             self._jk_stats.fallbacks["CompiledKernel.function is None after _init_handles"] += 1
             return None
-        target, mid = launch_target(run, pm)
         plan = self._jk_stats.plan_for(ck, len(self.params))
-        return _TritonEntry(ck, target, function, mid, *where, plan)
+        # Without a plan (or when it declines) a hit calls ck.run as Triton does: run(gx, gy, gz, stream, function,
+        # packed_metadata, launch_metadata, enter, exit, *args).
+        return _TritonEntry(ck, run, function, (pm,), *where, plan)
 
     def _jk_where(self, ck: Any) -> tuple[dict[Any, Any], Any] | None:
         """``(kernel_cache, key)``: where Triton keeps ``ck`` for the current device (see ``_TritonEntry``)."""
