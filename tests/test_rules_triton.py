@@ -294,3 +294,19 @@ def test_triton_rules_type_errors() -> None:
 def test_jitkey_package_exports() -> None:
     assert jitkey.rules is rules
     assert repr(jitkey.MISS) == "jitkey.MISS"
+
+
+def test_triton_types_are_keyable_once_jitkey_triton_is_imported() -> None:
+    """The key adapters of Triton's types are registered at import, not at the first decoration."""
+    import subprocess
+    import sys
+
+    code = (
+        "import jitkey, jitkey.triton, triton.language as tl\n"
+        "assert jitkey.triton.kernels_made() == 0\n"
+        "a, b = jitkey.digest(tl.constexpr(3)), jitkey.digest(tl.constexpr(4))\n"
+        "assert a != b and jitkey.digest(tl.float16) != jitkey.digest(tl.bfloat16)\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

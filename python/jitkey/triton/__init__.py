@@ -92,6 +92,10 @@ class _Package(types.ModuleType):
 
 sys.modules[__name__].__class__ = _Package
 
+# Triton's argument types (dtypes, constexprs, JIT functions, tensor wrappers and descriptors) are keyable from
+# here on, decorated kernel or not.
+_installed.register_key_adapters()
+
 __all__ = [
     "PersistentAutotuner",
     "TritonKernel",

@@ -258,9 +258,7 @@ def _driver_launch(version: str) -> tuple[str | None, Callable[..., Any] | None,
 
 @functools.cache
 def triton_info() -> TritonInfo:
-    info = TritonInfo()
-    _register_key_adapters()
-    return info
+    return TritonInfo()
 
 
 def launch_plan(ck: Any, run: Any, nparams: int) -> tuple[_LaunchPlan | None, str | None]:
@@ -489,8 +487,9 @@ def _descriptor_key(d: Any) -> Any:
     return (d.base.dtype, tuple(d.block_shape), d.padding)
 
 
-def _register_key_adapters() -> None:
-    """Key Triton's argument types like Triton's own specialization does (see ``_core._register_key_adapter``).
+def register_key_adapters() -> None:
+    """Key Triton's argument types like Triton's own specialization does (see ``_core._register_key_adapter``);
+    called once, when ``jitkey.triton`` is imported.
 
     Exact types only where a subclass could carry more than the adapter reads (``tl.dtype``'s subclasses:
     pointer and block types).
