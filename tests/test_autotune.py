@@ -173,6 +173,47 @@ def test_index_as_path(tmp_path: Path) -> None:
     assert block == 256 and gpu.bench_calls == 0 and at.cache_stats()["disk_hits"] == 1
 
 
+class _DictStore:
+    """A store of the user's own with the methods of jitkey.remote.Index (a dict underneath)."""
+
+    def __init__(self) -> None:
+        self.d: dict[bytes, bytes] = {}
+        self.closed = False
+
+    def get(self, key: object) -> bytes | None:
+        return self.d.get(jitkey.digest(key))
+
+    def put(self, key: object, value: bytes) -> bool:
+        self.d[jitkey.digest(key)] = bytes(value)
+        return True
+
+    def put_many(self, items: Any) -> bool:
+        for k, v in dict(items).items():
+            self.put(k, v)
+        return True
+
+    def delete(self, key: object) -> bool:
+        return self.d.pop(jitkey.digest(key), None) is not None
+
+    def stats(self) -> dict[str, Any]:
+        return {"entries": len(self.d)}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_index_is_any_store_with_the_index_methods() -> None:
+    from jitkey.remote import Index
+
+    store = _DictStore()
+    assert isinstance(store, Index)
+    _tune(store)  # type: ignore[arg-type]
+    at, gpu, block = _tune(store)  # type: ignore[arg-type]
+    assert block == 256 and gpu.bench_calls == 0 and at.cache_stats()["disk_hits"] == 1 and len(store.d) == 1
+    with pytest.raises(TypeError, match=r"jitkey\.remote\.Index"):
+        _tune(object())  # type: ignore[arg-type]
+
+
 def test_config_pre_hook_runs_on_every_launch(index: jitkey.DiskIndex) -> None:
     def hook(nargs: dict[str, Any]) -> None:
         nargs["y_ptr"].add_(nargs["BLOCK"])

@@ -69,7 +69,7 @@ import urllib.parse
 import warnings
 import weakref
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from jitkey import _deps, _resp
 from jitkey._core import DiskIndex, _TierBase, digest
@@ -91,6 +91,7 @@ __all__ = [
     "ENV_URL",
     "MAX_REMOTE_VALUE",
     "REMOTE_FORMAT",
+    "Index",
     "RemoteIndex",
     "TieredIndex",
     "default_index",
@@ -344,6 +345,23 @@ def _endpoint(redis: Any, url: str) -> tuple[_resp.Endpoint, dict[str, Any]]:
         client_name=opts.get("client_name") or None,
     )
     return ep, timeouts
+
+
+@runtime_checkable
+class Index(Protocol):
+    """What jitkey's three stores share, and all that its users (the persistent autotuner, the L2, the
+    per-installation facts) ask of one: :class:`jitkey.DiskIndex`, :class:`TieredIndex` and :class:`RemoteIndex`
+    are each an ``Index`` (a ``typing.Protocol``: no base class to inherit; ``isinstance`` checks that the
+    methods exist)."""
+
+    def get(self, key: object) -> bytes | None: ...
+    def put(self, key: object, value: bytes) -> bool: ...
+    def put_many(self, items: Iterable[tuple[object, bytes]] | Mapping[object, bytes]) -> bool: ...
+    def delete(self, key: object) -> bool: ...
+    def stats(self) -> dict[str, Any]: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
 
 
 class RemoteIndex:
@@ -930,3 +948,9 @@ def default_index() -> DiskIndex | TieredIndex:
                         stacklevel=2,
                     )
         return _default
+
+
+if TYPE_CHECKING:  # mypy checks that each store is an Index
+
+    def _stores_are_indexes(d: DiskIndex, t: TieredIndex, r: RemoteIndex) -> tuple[Index, Index, Index]:
+        return d, t, r

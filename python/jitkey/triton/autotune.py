@@ -66,7 +66,7 @@ from jitkey._core import DiskIndex, LruCache, digest, encode
 from jitkey.errors import ArgumentError, JitKeyError
 
 if TYPE_CHECKING:
-    from jitkey.remote import RemoteIndex, TieredIndex
+    from jitkey.remote import Index, TieredIndex
 
 # jitkey.env, jitkey.fnkey and jitkey.remote are imported where they are used: ``import jitkey.triton`` (every
 # kernel library's import) then does not pay for them unless an autotuner is made.
@@ -235,7 +235,7 @@ class PersistentAutotuner:
         configs: Sequence[Any],
         key: Iterable[str],
         *,
-        index: DiskIndex | TieredIndex | RemoteIndex | str | os.PathLike[str] | bool | None = None,
+        index: Index | str | os.PathLike[str] | bool | None = None,
         prune_configs_by: Mapping[str, Any] | None = None,
         reset_to_zero: Iterable[str] | None = None,
         restore_value: Iterable[str] | None = None,
@@ -333,21 +333,22 @@ class PersistentAutotuner:
         self._bench_fn: Callable[..., Any] | None = None
         self._launcher = launcher or _default_launcher
 
-        from jitkey.remote import RemoteIndex, TieredIndex
+        from jitkey.remote import Index
 
         if index is None:
-            self._index: DiskIndex | TieredIndex | RemoteIndex | None = _get_default_index()
+            self._index: Index | None = _get_default_index()
         elif index is False:
             self._index = None
         elif index is True:
             self._index = _get_default_index()
-        elif isinstance(index, (DiskIndex, TieredIndex, RemoteIndex)):
+        elif isinstance(index, Index):  # DiskIndex, TieredIndex, RemoteIndex, another store like them
             self._index = index
         elif isinstance(index, (str, os.PathLike)):
             self._index = DiskIndex(index)
         else:
             raise TypeError(
-                f"index= takes a DiskIndex, TieredIndex, RemoteIndex, a directory path, True/None or False, "
+                f"index= takes a DiskIndex, TieredIndex, RemoteIndex (a jitkey.remote.Index), a directory path, "
+                f"True/None or False, "
                 f"not {index!r}"
             )
 
@@ -748,7 +749,7 @@ def autotune(
     do_bench: Callable[..., Any] | None = None,
     cache_results: bool | None = None,
     *,
-    index: DiskIndex | TieredIndex | RemoteIndex | str | os.PathLike[str] | bool | None = None,
+    index: Index | str | os.PathLike[str] | bool | None = None,
     launcher: Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any] | None = None,
     capacity: int = 1024,
 ) -> Callable[[Any], PersistentAutotuner]:
