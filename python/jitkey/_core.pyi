@@ -36,6 +36,11 @@ def encode(value: object, /) -> bytes:
         jitkey.errors.KeyDepthError: nesting deeper than :data:`MAX_DEPTH`.
     """
 
+def _key_digest(key: object, /) -> bytes:
+    """Private (:mod:`jitkey.remote`): the 32-byte digest a :class:`DiskIndex` files ``key`` under (a 32-byte
+    ``bytes`` is the digest itself; another ``bytes`` raises :class:`jitkey.errors.KeyLengthError`; any other
+    keyable value is digested)."""
+
 def digest(value: object, /) -> bytes:
     """Return the 32-byte persistent key of a key tree.
 
@@ -513,6 +518,7 @@ class _TorchCurrent:
     def failed(self) -> bool:
         """Whether the shim reported an error (it is not called again)."""
 
+@final
 class _TorchAlloc:
     """Private (:mod:`jitkey.dsl`, via ``jitkey._torch_alloc``): fresh CUDA tensors through torch's stable C shim
     (``aoti_torch_empty_strided`` from ``cpu_lib``) and torch's tensor wrapper (``THPVariable_Wrap`` from

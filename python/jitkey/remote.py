@@ -72,9 +72,8 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from jitkey import _deps, _resp
-from jitkey._core import DiskIndex, _TierBase, digest
+from jitkey._core import DiskIndex, _key_digest, _TierBase, digest
 from jitkey.errors import (
-    KeyLengthError,
     MissingDependencyError,
     RemoteCacheWarning,
     RemoteConfigError,
@@ -136,18 +135,6 @@ _LABELS: Final[dict[type, str]] = {
     _resp.ServerError: "ServerError",
     _resp.ProtocolError: "ProtocolError",
 }
-
-
-def _key_digest(key: object) -> bytes:
-    """The 32-byte digest a :class:`jitkey.DiskIndex` files ``key`` under (same rules)."""
-    if type(key) is bytes:
-        if len(key) != 32:
-            raise KeyLengthError(
-                f"a bytes key must be a 32-byte digest (got {len(key)} bytes); use jitkey.digest(value) "
-                "or pass a non-bytes keyable value"
-            )
-        return key
-    return digest(key)
 
 
 def _import_redis() -> Any:

@@ -93,6 +93,15 @@ fn key_digest(key: &Bound<'_, PyAny>) -> PyResult<Digest> {
     with_encoding(key, "key", jitkey_core::key::digest)
 }
 
+/// `_key_digest(key, /) -> bytes`: the 32-byte digest a `DiskIndex` files `key` under (a 32-byte
+/// `bytes` is the digest itself, any other keyable value is digested); the Redis tier files its keys
+/// by the same rule.
+#[pyfunction]
+#[pyo3(name = "_key_digest", signature = (key, /))]
+fn py_key_digest<'py>(key: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+    Ok(PyBytes::new(key.py(), &key_digest(key)?))
+}
+
 fn disk_err(e: DiskError) -> PyErr {
     match e {
         DiskError::Closed => IndexClosedError::new_err("DiskIndex is closed"),
@@ -434,6 +443,7 @@ fn _verify_index(py: Python<'_>, path: PathBuf, lock_wait: f64) -> PyResult<Boun
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyDiskIndex>()?;
     m.add_function(wrap_pyfunction!(_verify_index, m)?)?;
+    m.add_function(wrap_pyfunction!(py_key_digest, m)?)?;
     let hook = wrap_pyfunction!(_after_fork_in_child, m)?;
     m.add_function(hook.clone())?;
     let py = m.py();
