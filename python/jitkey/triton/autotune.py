@@ -59,17 +59,25 @@ import builtins
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
+
+import triton
+from triton.runtime.autotuner import Autotuner, Heuristics
+from triton.runtime.jit import JITFunction
 
 from jitkey._core import DiskIndex, LruCache, digest, encode
+from jitkey.env import env_key
 from jitkey.errors import ArgumentError, JitKeyError
+from jitkey.fnkey import function_key
+from jitkey.remote import Index, TieredIndex, default_index
+from jitkey.triton._kernel import bind
 
-if TYPE_CHECKING:
-    from jitkey.remote import Index, TieredIndex
-
-# jitkey.env, jitkey.fnkey and jitkey.remote are imported where they are used: ``import jitkey.triton`` (every
-# kernel library's import) then does not pay for them unless an autotuner is made.
+# This module is imported at the first use of ``jitkey.triton.autotune`` (see ``jitkey.triton``), so what it
+# imports (jitkey.env, jitkey.fnkey, jitkey.remote) is not paid by ``import jitkey.triton``, every kernel
+# library's import. torch is imported where it is used, and what differs between Triton versions (knobs, the
+# compile errors) where it is read, so that a Triton without it still tunes.
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "PersistentAutotuner", "autotune"]
 
@@ -85,8 +93,6 @@ _QUANTILES: Final = (0.5, 0.2, 0.8)
 
 def _get_default_index() -> DiskIndex | TieredIndex:
     """``DiskIndex()``, or a ``TieredIndex`` over it with ``$JITKEY_REMOTE_CACHE`` set (jitkey.remote)."""
-    from jitkey.remote import default_index
-
     return default_index()
 
 
@@ -97,11 +103,6 @@ def _get_default_index() -> DiskIndex | TieredIndex:
 
 def _kernel_key(fn: Any) -> tuple[Any, ...]:
     """The content key tree of a kernel interface (TritonKernel / JITFunction / Heuristics chain)."""
-    from triton.runtime.autotuner import Autotuner, Heuristics
-    from triton.runtime.jit import JITFunction
-
-    from jitkey.fnkey import function_key
-
     if isinstance(fn, JITFunction):  # a jitkey.triton.TritonKernel is one too
         return ("jit", function_key(fn))
     if isinstance(fn, Heuristics):
@@ -124,8 +125,6 @@ def _base_name(fn: Any) -> str:
 def _hook_key(hook: Any, what: str) -> Any:
     if hook is None:
         return None
-    from jitkey.fnkey import function_key
-
     try:
         return function_key(hook)
     except JitKeyError as exc:
@@ -248,11 +247,6 @@ class PersistentAutotuner:
         launcher: Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any] | None = None,
         capacity: int = 1024,
     ) -> None:
-        import triton
-        from triton.runtime.jit import JITFunction
-
-        from jitkey.triton._kernel import bind
-
         if isinstance(fn, JITFunction):
             fn = bind(fn)
         self._kernel_tree = _kernel_key(fn)  # validates the kind of fn, keys its content
@@ -333,8 +327,6 @@ class PersistentAutotuner:
         self._bench_fn: Callable[..., Any] | None = None
         self._launcher = launcher or _default_launcher
 
-        from jitkey.remote import Index
-
         if index is None:
             self._index: Index | None = _get_default_index()
         elif index is False:
@@ -394,8 +386,6 @@ class PersistentAutotuner:
     def _env_digest(self, device: int) -> bytes:
         d = self._env.get(device)
         if d is None:
-            from jitkey.env import env_key
-
             d = digest(env_key(device=True if device < 0 else device))
             self._env[device] = d
         return d
@@ -579,8 +569,6 @@ class PersistentAutotuner:
         cache_hit: bool,
     ) -> None:
         """Call ``knobs.autotuning.listener`` with the arguments Triton's autotuner passes it."""
-        from triton.runtime.jit import JITFunction
-
         jit_fn = self.fn
         while not isinstance(jit_fn, JITFunction):
             jit_fn = jit_fn.fn
@@ -653,8 +641,6 @@ class PersistentAutotuner:
         return list(pruned)
 
     def _tune(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, dict[int, Any]]:
-        import time
-
         nargs = dict(zip(self.arg_names, args, strict=False))
         pruned = self._prune(nargs, kwargs)
         index_of = {id(c): i for i, c in enumerate(self.configs)}
