@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What a user gets from `pip install`: fresh venvs install the built wheel and the sdist (no dev tools, no
-# torch), then `jitkey --version`, `jitkey info`, `jitkey cache info|verify` and the README's snippets run.
+# torch), then `jitkey --version`, `jitkey info`, `jitkey cache info|verify` and the README's snippets run; the
+# wheel also under every other Python 3.10-3.14 this machine has (the key vectors too).
 # A second pass lends the fresh venv the dev venv's torch + triton (through a .pth, after its own
 # site-packages, so jitkey still comes from the install) to run the snippets and checks that need them.
 #
@@ -66,6 +67,20 @@ python3 -m venv "$WORK/venv-wheel"
 "$WORK/venv-wheel/bin/python" -m pip install -q --no-deps "$wheel"
 check_venv wheel "$WORK/venv-wheel"
 with_dev_torch wheel "$WORK/venv-wheel"
+
+# The abi3 wheel under every other CPython it supports (3.10+) that this machine has: on PATH, or under pyenv.
+# Each gets the checks above (no torch) and the committed key vectors (the same key bytes on every version).
+"$WORK/venv-wheel/bin/python" tests/vectors/vectors.py || fail "wheel: the key vectors"
+for v in 3.10 3.12 3.13 3.14; do
+  # pyenv's versions first (its shims on PATH name every version but run only the selected ones)
+  py="$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$v".*/bin/"python$v" 2>/dev/null | tail -n1 || true)"
+  if [[ -z "$py" ]] && command -v "python$v" >/dev/null && "python$v" -c "" 2>/dev/null; then py="$(command -v "python$v")"; fi
+  if [[ -z "$py" ]]; then log "python$v: not installed on this machine, skipped"; continue; fi
+  "$py" -m venv "$WORK/venv-py$v" || { log "python$v ($py): cannot make a venv, skipped"; continue; }
+  "$WORK/venv-py$v/bin/python" -m pip install -q --no-deps "$wheel"
+  check_venv "py$v" "$WORK/venv-py$v"
+  "$WORK/venv-py$v/bin/python" tests/vectors/vectors.py || fail "python$v: the key vectors"
+done
 
 log "sdist: $sdist (pip builds it: maturin from PyPI, cargo release build)"
 python3 -m venv "$WORK/venv-sdist"
