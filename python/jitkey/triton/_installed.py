@@ -494,17 +494,22 @@ def register_key_adapters() -> None:
     Exact types only where a subclass could carry more than the adapter reads (``tl.dtype``'s subclasses:
     pointer and block types).
     """
-    import triton.language as tl
-    from triton.runtime.jit import JITCallable, TensorWrapper
+    import importlib
 
     from jitkey._core import _register_key_adapter
 
-    _register_key_adapter(tl.constexpr, _constexpr_key)
-    _register_key_adapter(tl.dtype, _dtype_key)
-    _register_key_adapter(JITCallable, _callable_key, subclasses=True)
-    _register_key_adapter(TensorWrapper, _wrapper_key)
-    try:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-    except ImportError:  # pragma: no cover - a Triton without host descriptors
-        return
-    _register_key_adapter(TensorDescriptor, _descriptor_key)
+    # (module, name, adapter, subclasses too): a type this Triton lacks is simply not keyable (a call that
+    # passes one takes Triton's own path), so an unknown Triton still imports jitkey.triton.
+    table = (
+        ("triton.language", "constexpr", _constexpr_key, False),
+        ("triton.language", "dtype", _dtype_key, False),
+        ("triton.runtime.jit", "JITCallable", _callable_key, True),
+        ("triton.runtime.jit", "TensorWrapper", _wrapper_key, False),
+        ("triton.tools.tensor_descriptor", "TensorDescriptor", _descriptor_key, False),
+    )
+    for module, name, adapter, subclasses in table:
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):  # pragma: no cover - another Triton's layout
+            continue
+        _register_key_adapter(cls, adapter, subclasses=subclasses)
