@@ -67,7 +67,6 @@ impl Site {
     /// they do not bind (the DSL's own path then raises its error).
     fn bind(
         &self,
-        py: Python<'_>,
         args: &[*mut ffi::PyObject],
         kw: Option<(&[*mut ffi::PyObject], *mut ffi::PyObject)>,
         out: &mut ArgSlots,
@@ -83,7 +82,7 @@ impl Site {
             for (i, &v) in values.iter().enumerate() {
                 // SAFETY: `names` is the call's kwnames tuple, one str per value.
                 let k = unsafe { tuple_item(names, i as ffi::Py_ssize_t) };
-                match self.params.index(py, sig, k) {
+                match self.params.index(k) {
                     Some(j) if !slots[j].is_null() => {
                         return Err(format!("multiple values for argument '{}'", sig.param_names()[j]))
                     }
@@ -201,7 +200,7 @@ impl Site {
             }
         }
         let mut slots = ArgSlots::new();
-        if let Err(msg) = self.bind(py, args, kw, &mut slots) {
+        if let Err(msg) = self.bind(args, kw, &mut slots) {
             let why = PyString::new(py, &format!("arguments do not bind: {msg}")).into_any().unbind();
             return self.leave(py, Leave::Fallback(why), args, kw);
         }
@@ -432,7 +431,7 @@ impl Site {
             kwargs.map(|d| d.values().iter().map(|v| v.as_ptr()).collect()).unwrap_or_default();
         let kw = names.as_ref().filter(|n| !n.is_empty()).map(|n| (&values[..], n.as_ptr()));
         let mut slots = ArgSlots::new();
-        self.bind(py, &pos, kw, &mut slots)
+        self.bind(&pos, kw, &mut slots)
             .map_err(|m| crate::errors::ArgumentError::new_err(format!("arguments do not bind: {m}")))?;
         with_encoder(|enc| match self.encode(py, slots.get(), enc) {
             Ok(()) => Ok(pyo3::types::PyBytes::new(py, enc.as_bytes())),

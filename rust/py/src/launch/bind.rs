@@ -310,7 +310,7 @@ impl Launcher {
         {
             return Kw::Run;
         }
-        match by_ptr.or_else(|| self.params.by_value(py, self.sig.get(), k)) {
+        match by_ptr.or_else(|| self.params.by_value(k)) {
             Some(j) => Kw::Param(j),
             None => Kw::Opt,
         }

@@ -104,26 +104,27 @@ impl ParamNames {
 
     /// The parameter named `k` (a live object): by address, else by value.
     #[inline]
-    pub(crate) fn index(&self, py: Python<'_>, sig: &Signature, k: *mut ffi::PyObject) -> Option<usize> {
-        self.by_address(k).or_else(|| self.by_value(py, sig, k))
+    pub(crate) fn index(&self, k: *mut ffi::PyObject) -> Option<usize> {
+        self.by_address(k).or_else(|| self.by_value(k))
     }
 
-    /// The parameter named `k` when `k` is not one of the interned names: an exact `str` is compared
-    /// by its cached hash first, so a name that is no parameter's costs no string comparison.
-    pub(crate) fn by_value(&self, py: Python<'_>, sig: &Signature, k: *mut ffi::PyObject) -> Option<usize> {
-        let names = sig.param_names();
-        // SAFETY: `k` is a live object kept alive by the call; for an exact str PyObject_Hash runs no
-        // Python code, cannot fail and returns the str's cached hash (computing it once).
-        let hash = unsafe { (ffi::PyUnicode_CheckExact(k) != 0).then(|| ffi::PyObject_Hash(k)) };
-        if let Some(h) = hash {
-            let key = str_utf8(k);
-            return self.hashes.iter().zip(names).position(|(&nh, name)| nh == h && name.as_bytes() == key);
+    /// The parameter named `k` (a live object) when `k` is not one of the interned names: an exact
+    /// `str` is compared by its cached hash first, so a name that is no parameter's costs no string
+    /// comparison; a `str` subclass by its text; anything else (or a str without UTF-8) names none.
+    pub(crate) fn by_value(&self, k: *mut ffi::PyObject) -> Option<usize> {
+        let key = str_utf8(k);
+        if key.is_empty() {
+            return None; // not a str, or one without UTF-8: no parameter's name
         }
+        let text = |name: &Py<PyString>| str_utf8(name.as_ptr());
         // SAFETY: `k` is a live object kept alive by the call.
-        let key = unsafe { Borrowed::from_ptr(py, k) };
-        let key = key.cast::<PyString>().ok()?;
-        let key = key.to_str().ok()?;
-        names.iter().position(|name| name == key)
+        if unsafe { ffi::PyUnicode_CheckExact(k) } != 0 {
+            // SAFETY: for an exact str PyObject_Hash runs no Python code, cannot fail and returns the
+            // str's cached hash (computing it once).
+            let h = unsafe { ffi::PyObject_Hash(k) };
+            return self.hashes.iter().zip(&self.names).position(|(&nh, name)| nh == h && text(name) == key);
+        }
+        self.names.iter().position(|name| text(name) == key)
     }
 
     pub(crate) fn traverse(&self, visit: &pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {

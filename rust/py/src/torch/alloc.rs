@@ -12,8 +12,8 @@
 //! shim reports an error (after the first error it is not called again: each one makes torch log a
 //! stack trace, and the Python call raises torch's own error instead).
 //!
-//! Resolved at run time as `current` resolves its functions; `jitkey.dsl` compares what this makes
-//! with what torch makes before any plan uses it (`_verify_alloc`).
+//! Resolved at run time as `current` resolves its functions; `jitkey._torch_alloc.prove` compares
+//! what this makes with what torch makes before any plan uses it.
 
 use std::ffi::{c_void, CString};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -62,11 +62,11 @@ const DTYPES: [&str; 20] = [
     "complex32",
     "complex64",
     "complex128",
-]; // fmt: skip
+];
 
 /// Whether `sizes`/`strides` describe a non-overlapping, dense tensor (torch's
 /// `compute_non_overlapping_and_dense`): then `empty_like` keeps the strides.
-pub(crate) fn non_overlapping_and_dense(sizes: &[i64], strides: &[i64]) -> bool {
+fn non_overlapping_and_dense(sizes: &[i64], strides: &[i64]) -> bool {
     let n = sizes.len();
     if n == 1 {
         return sizes[0] < 2 || strides[0] == 1;
@@ -112,11 +112,6 @@ pub(crate) struct TorchAlloc {
 }
 
 impl TorchAlloc {
-    /// The shim's code of the dtype named `name`.
-    fn code(&self, name: &str) -> Option<i32> {
-        self.codes.iter().find(|(n, _)| *n == name).map(|&(_, c)| c)
-    }
-
     /// A new CUDA tensor (`torch.empty_strided(sizes, strides, dtype=, device=cuda:index)`), or `None`
     /// when the shim is not to be used (it failed, now or before).
     pub(crate) fn empty_cuda<'py>(
@@ -179,7 +174,7 @@ impl TorchAlloc {
         let slot = self.by_idx.get(usize::from(d.idx))?;
         let mut code = slot.load(Ordering::Relaxed);
         if code == -1 {
-            code = self.code(d.dtype).unwrap_or(-2);
+            code = self.dtype_code(d.dtype).unwrap_or(-2);
             slot.store(code, Ordering::Relaxed);
         }
         if code < 0 {
@@ -192,9 +187,9 @@ impl TorchAlloc {
         self.empty_cuda(py, sizes, strides, code, i32::try_from(index).ok()?)
     }
 
-    /// The shim's code for `dtype` (a short name such as `"float32"`), for plan construction.
+    /// The shim's code for `dtype` (a short name such as `"float32"`), if the shim names it.
     pub(crate) fn dtype_code(&self, dtype: &str) -> Option<i32> {
-        self.code(dtype)
+        self.codes.iter().find(|(n, _)| *n == dtype).map(|&(_, c)| c)
     }
 }
 
