@@ -138,9 +138,8 @@ def native_alloc() -> FastPath:
     from jitkey import _torch_alloc
 
     st = _torch_alloc.status()
-    decided = st["on"] or st["why"] is None or not st["why"].startswith("not decided")
     return {
-        "on": st["on"] if decided else None,
+        "on": st["on"],
         "why": st["why"],
         "chosen": st["why"] == "JITKEY_NATIVE_ALLOC=0",
         "what": _DESCRIPTIONS["native_alloc"],

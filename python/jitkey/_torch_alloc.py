@@ -35,9 +35,9 @@ def get() -> Any:
 
 
 def status() -> dict[str, Any]:
-    """``{"on": bool, "why": reason or None}`` for ``jitkey info`` (``why`` None while undecided)."""
+    """``{"on": bool | None, "why": reason or None}`` for ``jitkey info`` (``on`` is None while undecided)."""
     if _state is None:
-        return {"on": False, "why": "not decided yet (decided at the first recorded CUDA allocation)"}
+        return {"on": None, "why": "not decided yet (decided at the first recorded CUDA allocation)"}
     return {"on": _state[0] is not None, "why": _state[1]}
 
 

@@ -217,10 +217,12 @@ def _inductor_static(ck: Any, args: tuple[Any, ...], dev: int, tmp: str) -> tupl
 
 
 def _c_launcher_callable(run: Any) -> bool:
-    """Whether ``run`` is a CUDA launcher whose code jitkey mirrors (a known launch dialect) and that needs no
+    """Whether ``run`` is Triton 3.6's CUDA launcher (its code is the "3.6" dialect jitkey mirrors) and needs no
     scratch buffer: then calling its compiled ``launch`` with ``launch_cooperative_grid, launch_pdl, None, None``
-    inserted after ``function`` is exactly what ``run(...)`` does (the floor column)."""
-    if triton_info().launch_dialect is None or type(run).__call__ is not triton_info().plan_call:
+    inserted after ``function`` is exactly what ``run(...)`` does (the floor column). Other launchers' ``launch``
+    takes other arguments: no such column."""
+    info = triton_info()
+    if info.launch_dialect != "3.6" or type(run).__call__ is not info.plan_call:
         return False
     sizes = (getattr(run, "global_scratch_size", 1), getattr(run, "profile_scratch_size", 1))
     return all(type(x) is int and x <= 0 for x in sizes) and hasattr(run, "launch")

@@ -71,7 +71,7 @@ from jitkey._core import DiskIndex, LruCache, digest, encode
 from jitkey.env import env_key
 from jitkey.errors import ArgumentError, JitKeyError
 from jitkey.fnkey import function_key
-from jitkey.remote import Index, TieredIndex, default_index
+from jitkey.remote import Index, default_index
 from jitkey.triton._kernel import bind
 
 # This module is imported at the first use of ``jitkey.triton.autotune`` (see ``jitkey.triton``), so what it
@@ -89,11 +89,6 @@ _KNOWN_CONFIG_FIELDS: Final[frozenset[str]] = frozenset(
 _MISS: Final = object()
 _NO_DTYPE: Final = frozenset({int, float, bool, str, bytes, type(None)})
 _QUANTILES: Final = (0.5, 0.2, 0.8)
-
-
-def _get_default_index() -> DiskIndex | TieredIndex:
-    """``DiskIndex()``, or a ``TieredIndex`` over it with ``$JITKEY_REMOTE_CACHE`` set (jitkey.remote)."""
-    return default_index()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -327,21 +322,20 @@ class PersistentAutotuner:
         self._bench_fn: Callable[..., Any] | None = None
         self._launcher = launcher or _default_launcher
 
-        if index is None:
-            self._index: Index | None = _get_default_index()
+        if index is None or index is True:
+            self._index: Index | None = (
+                default_index()
+            )  # DiskIndex(), tiered over $JITKEY_REMOTE_CACHE if set
         elif index is False:
             self._index = None
-        elif index is True:
-            self._index = _get_default_index()
         elif isinstance(index, Index):  # DiskIndex, TieredIndex, RemoteIndex, another store like them
             self._index = index
         elif isinstance(index, (str, os.PathLike)):
             self._index = DiskIndex(index)
         else:
             raise TypeError(
-                f"index= takes a DiskIndex, TieredIndex, RemoteIndex (a jitkey.remote.Index), a directory path, "
-                f"True/None or False, "
-                f"not {index!r}"
+                "index= takes a DiskIndex, TieredIndex, RemoteIndex (a jitkey.remote.Index), a directory path, "
+                f"True/None or False, not {index!r}"
             )
 
         self._mem = LruCache(capacity)
