@@ -20,11 +20,12 @@ import triton
 from triton.backends.nvidia import driver as nv
 from triton.runtime import _allocation
 
-from jitkey.triton._installed import _KNOWN_LAUNCHER_CODE, LazyLauncher36, launch_plan, launcher_code_digest
+from jitkey._triton_table import LAUNCHER_CODE
+from jitkey.triton._installed import LazyLauncher36, launch_plan, launcher_code_digest
 
 lib = ctypes.CDLL("libcuda.so.1")  # the stand-in (LD_LIBRARY_PATH): the one both launchers load
 
-DIALECT = _KNOWN_LAUNCHER_CODE[launcher_code_digest()]
+DIALECT = LAUNCHER_CODE[launcher_code_digest()]
 from triton.runtime.driver import driver  # noqa: E402
 
 if DIALECT == "3.9":  # CudaLauncher reads triton.runtime.driver.active (no GPU here: made active by hand)

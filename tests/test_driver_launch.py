@@ -25,7 +25,8 @@ import pytest
 triton = pytest.importorskip("triton")
 nv = pytest.importorskip("triton.backends.nvidia.driver")
 
-from jitkey.triton._installed import _KNOWN_LAUNCHER_CODE, launcher_code_digest  # noqa: E402
+from jitkey._triton_table import LAUNCHER_CODE  # noqa: E402
+from jitkey.triton._installed import launcher_code_digest  # noqa: E402
 
 HERE = Path(__file__).parent
 CC = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -72,11 +73,11 @@ def summary(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_the_installed_launcher_code_is_mirrored() -> None:
     # What this file compares is what hits use: the digest of the installed launcher code is a known one.
-    assert launcher_code_digest() in _KNOWN_LAUNCHER_CODE, (triton.__version__, launcher_code_digest())
+    assert launcher_code_digest() in LAUNCHER_CODE, (triton.__version__, launcher_code_digest())
 
 
 def test_the_child_mirrored_the_installed_dialect(summary: dict) -> None:
-    assert summary["dialect"] == _KNOWN_LAUNCHER_CODE[launcher_code_digest()]
+    assert summary["dialect"] == LAUNCHER_CODE[launcher_code_digest()]
 
 
 CLAIMED = [
@@ -216,13 +217,13 @@ def test_a_patched_cuda_launcher_turns_the_driver_launch_off(monkeypatch: pytest
     from jitkey.triton import _installed
 
     original = nv.CudaLauncher.__call__
-    assert _installed._driver_launch("x")[2] is None
+    assert _installed._launcher_code("x")[1] is None
 
     @functools.wraps(original)  # inspect.getsource would show the original's code
     def wrapped(self: object, *args: object) -> object:
         return original(self, *args)
 
     monkeypatch.setattr(nv.CudaLauncher, "__call__", wrapped)
-    dialect, call, why = _installed._driver_launch("x")
-    assert dialect is None and call is None
+    dialect, why = _installed._launcher_code("x")
+    assert dialect is None
     assert why == "triton x: CudaLauncher.__call__ is not its own code (patched or wrapped)"

@@ -497,12 +497,12 @@ def test_a_cache_key_that_raises_leaves_the_kernel_to_raise_again(tmp_path: Path
     """Triton's runtime/test_cache.py::test_conflicting_global_in_inner_function: ``cache_key`` raises for a
     kernel whose inner kernel saw another value of a global, and Triton's property leaves a placeholder hash
     behind when it raises. The L2 reads ``cache_key`` before Triton's compile path does; read through
-    ``_installed.cache_key`` the kernel is left as it was, so Triton's own read raises the same error (read
+    ``jitkey._triton_table.cache_key`` the kernel is left as it was, so Triton's own read raises the same error (read
     directly, Triton's next read would return the placeholder and compile on to another error)."""
     import importlib
 
     import jitkey.triton
-    from jitkey.triton._installed import cache_key
+    from jitkey._triton_table import cache_key
 
     (tmp_path / "conflicting_mod.py").write_text(CONFLICTING)
     monkeypatch.syspath_prepend(str(tmp_path))

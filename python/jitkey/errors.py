@@ -21,6 +21,7 @@ __all__ = [
     "RemoteCacheWarning",
     "RemoteConfigError",
     "SignatureError",
+    "Unkeyable",
     "UnsupportedKeyError",
     "UnsupportedVersionError",
     "ValueTooLargeError",
@@ -61,6 +62,19 @@ class ArgumentError(JitKeyError, TypeError):
 
     The message names the parameter.
     """
+
+
+class Unkeyable(ArgumentError):
+    """A kernel launch jitkey's fast path cannot key (``jitkey.triton``; also reachable as
+    ``jitkey.triton.Unkeyable``).
+
+    Inside a launch it never reaches the caller: the call goes through Triton's own path instead and is
+    counted as a fallback with :attr:`reason`. :meth:`jitkey.triton.TritonKernel.key_of` raises it.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class IndexClosedError(JitKeyError, ValueError):

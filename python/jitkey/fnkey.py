@@ -353,29 +353,14 @@ def _code_key(code: types.CodeType, src: str | None) -> tuple[object, ...]:
 
 
 def _triton_types() -> dict[str, type] | None:
+    """The Triton types of ``jitkey._triton_table.FNKEY_TYPES`` (``None``: Triton is not imported, or lacks one)."""
     if "triton" not in sys.modules:
         return None
-    try:
-        from triton.language import core as tlc  # type: ignore[import-untyped,unused-ignore]
-        from triton.runtime.autotuner import Autotuner, Heuristics  # type: ignore[import-untyped,unused-ignore]
-        from triton.runtime.jit import JITFunction  # type: ignore[import-untyped,unused-ignore]
-    except ImportError:  # pragma: no cover - a partial or very old triton
+    from jitkey import _triton_table
+
+    out = {name: _triton_table.resolve(places) for name, places in _triton_table.FNKEY_TYPES.items()}
+    if any(t is None for t in out.values()):  # pragma: no cover - a partial or very old triton
         return None
-    out: dict[str, type] = {
-        "JITFunction": JITFunction,
-        "Heuristics": Heuristics,
-        "Autotuner": Autotuner,
-        "constexpr": tlc.constexpr,
-        "dtype": tlc.dtype,
-        "pointer_type": tlc.pointer_type,
-        "base_type": tlc.base_type,
-    }
-    try:
-        from triton.runtime.jit import JITCallable  # type: ignore[import-untyped,unused-ignore]
-    except ImportError:  # pragma: no cover - triton < 3.5
-        out["JITCallable"] = JITFunction
-    else:
-        out["JITCallable"] = JITCallable
     return out
 
 

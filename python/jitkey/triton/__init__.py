@@ -50,8 +50,9 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from jitkey.errors import Unkeyable
 from jitkey.triton import _current, _installed, _watch
-from jitkey.triton._installed import Unkeyable, triton_info
+from jitkey.triton._installed import triton_info
 from jitkey.triton._kernel import (
     TritonKernel,
     bind,

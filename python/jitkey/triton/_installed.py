@@ -1,9 +1,10 @@
-"""What ``jitkey.triton`` knows about the installed Triton: its per-call knob reads, its launcher, the CUDA
-runtime getters, and how Triton's own objects are keyed.
+"""What ``jitkey.triton`` reads from the installed Triton: its per-call knob reads, its launcher (and the launch plan
+built from it), the CUDA runtime getters, and the registration of Triton's argument types as keyable.
 
-Everything here is feature detection, done once per process: anything that does not look exactly like the
-Triton code this package was written against turns the fast path off (every launch then goes through
-Triton's own ``JITFunction.run``, counted with the reason) rather than guessing.
+Everything here is feature detection, done once per process (the source reads once per installation), against
+the release table ``jitkey._triton_table``: anything that does not look exactly like the Triton code this package
+was written against turns the fast path off (every launch then goes through Triton's own ``JITFunction.run``,
+counted with the reason) rather than guessing.
 """
 
 from __future__ import annotations
@@ -18,21 +19,10 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from jitkey import _triton_table
 from jitkey._core import _LaunchPlan
-from jitkey.errors import ArgumentError
+from jitkey.errors import Unkeyable
 from jitkey.triton import _installation
-
-
-class Unkeyable(ArgumentError):
-    """A call the kernel's rules cannot key (a :class:`jitkey.errors.ArgumentError`, so a ``TypeError``).
-
-    Inside a launch it never reaches the caller: the call goes through Triton's own path instead and is
-    counted as a fallback with :attr:`reason`. :meth:`jitkey.triton.TritonKernel.key_of` raises it.
-    """
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class TritonInfo:
@@ -71,7 +61,7 @@ class TritonInfo:
         self.checks_stages_hook: bool = facts["checks_stages_hook"]
         #: Why hits never pack and launch a kernel themselves (``None``: they do, see ``launch_plan``).
         self.driver_launch_problem: str | None = facts["driver_launch_problem"]
-        #: The launcher code jitkey's launch plans mirror (``_KNOWN_LAUNCHER_CODE``: "3.6" or "3.9"), and
+        #: The launcher code jitkey's launch plans mirror (``jitkey._triton_table.LAUNCHER_CODE``: "3.6" or "3.9"), and
         #: ``CudaLauncher.__call__`` as inspected with it (a launcher whose ``__call__`` is another gets no plan).
         self.launch_dialect: str | None = facts["launch_dialect"]
         self.plan_call: Callable[..., Any] | None = None
@@ -141,24 +131,19 @@ def _scan_run(src: str, version: str) -> tuple[str | None, list[tuple[str, str, 
     for name, rhs in re.findall(r"kwargs\[\s*[\"'](\w+)[\"']\s*\]\s*=\s*(.+)", src):
         rhs = rhs.strip()
         if name == "debug":
-            if rhs != 'kwargs.get("debug", self.debug) or knobs.runtime.debug':
+            if rhs != _triton_table.RUN_DEBUG_RULE:
                 return fail(f"unexpected debug rule in JITFunction.run: {rhs}")
             continue
         m = re.fullmatch(r"knobs\.(\w+)\.(\w+)", rhs)
         if m is None:
             return fail(f"JITFunction.run sets kwargs[{name!r}] = {rhs} (unknown rule)")
         knob_reads.append((name, m.group(1), m.group(2)))
-    known = {("runtime", a) for a in ("debug", "launch_enter_hook", "launch_exit_hook")}
-    known |= {("runtime", "add_stages_inspection_hook")} | {(s, a) for _, s, a in knob_reads}
+    known = _triton_table.RUN_KNOBS | {(s, a) for _, s, a in knob_reads}
     for ref in sorted(set(re.findall(r"knobs\.(\w+)\.(\w+)", src)) - known):
         return fail(f"JITFunction.run reads knobs.{ref[0]}.{ref[1]} (unknown to jitkey)")
-    for needed in ("self.pre_run_hooks", "self.used_global_vals", "kernel.run(", "launch_metadata"):
-        if needed not in src:
-            return fail(f"JITFunction.run no longer uses {needed}")
-    if "grid(bound_args)" not in src:
-        return fail("JITFunction.run calls a callable grid differently")
-    if "self.device_caches[device]" not in src or "kernel_cache.get(key" not in src:
-        return fail("JITFunction.run keeps its kernels differently")
+    for fragments, why in _triton_table.RUN_NEEDS:
+        if not all(f in src for f in fragments):
+            return fail(why)
     return None, knob_reads, "add_stages_inspection_hook" in src
 
 
@@ -167,18 +152,8 @@ def _normalized_source(f: Any) -> str:
     return "\n".join(ln for ln in lines if ln and not ln.startswith("#"))
 
 
-# The code of the installed nvidia backend's launcher, whitespace-normalized, comments dropped, hashed (see
-# ``launcher_code_digest``): the versions whose packing and launch configuration ``jitkey._core._LaunchPlan``
-# mirrors byte for byte (tests/test_driver_launch.py compares them on a stand-in driver), each mapped to the
-# dialect a plan mirrors it in. Any other code keeps every launch in Triton's launcher.
-_KNOWN_LAUNCHER_CODE = {
-    "9ded4ac450b4cb48db357007f0d753b43c80dc04ae0b9fc5eee5a22d6ced5588": "3.6",  # triton 3.6.0
-    "3e55fccea0e72e3c9f3033ed028197fd7f9da6defaf0cc4b33bfad9281e7fbe3": "3.9",  # triton 3.9.0
-}
-
-
 def launcher_code_digest() -> str:
-    """The digest of the installed nvidia backend's launcher code (see ``_KNOWN_LAUNCHER_CODE``).
+    """The digest of the installed nvidia backend's launcher code (see ``jitkey._triton_table.LAUNCHER_CODE``).
 
     Triton 3.6 generates a C launcher per signature: ``ty_to_cpp``, ``make_launcher`` and its tables, the
     ``CudaLauncher`` class. Triton 3.9 calls one generic ``launch`` of the backend's ``driver.c``: the Python
@@ -233,7 +208,7 @@ def _launcher_code(version: str) -> tuple[str | None, str | None]:
         call = _own_method(CudaLauncher, "__call__")
     except Exception as exc:  # no nvidia backend, no source
         return None, f"no readable CUDA launcher code ({type(exc).__name__}: {exc})"
-    dialect = _KNOWN_LAUNCHER_CODE.get(digest)
+    dialect = _triton_table.LAUNCHER_CODE.get(digest)
     if dialect is None:
         return (
             None,
@@ -244,18 +219,6 @@ def _launcher_code(version: str) -> tuple[str | None, str | None]:
     return dialect, None
 
 
-def _driver_launch(version: str) -> tuple[str | None, Callable[..., Any] | None, str | None]:
-    """``(dialect, CudaLauncher.__call__, None)`` when hits may launch kernels themselves, else ``(None, None, why not)``."""
-    if os.environ.get("JITKEY_DRIVER_LAUNCH", "").strip() == "0":
-        return None, None, "JITKEY_DRIVER_LAUNCH=0"
-    dialect, why = _launcher_code(version)
-    if dialect is None:
-        return None, None, why
-    from triton.backends.nvidia.driver import CudaLauncher
-
-    return dialect, CudaLauncher.__dict__["__call__"], None
-
-
 @functools.cache
 def triton_info() -> TritonInfo:
     return TritonInfo()
@@ -264,7 +227,7 @@ def triton_info() -> TritonInfo:
 def launch_plan(ck: Any, run: Any, nparams: int) -> tuple[_LaunchPlan | None, str | None]:
     """``(plan, None)`` when hits may pack and launch ``ck`` themselves, else ``(None, why not)``.
 
-    Only for a ``CudaLauncher`` built from launcher code jitkey mirrors (see ``_KNOWN_LAUNCHER_CODE``),
+    Only for a ``CudaLauncher`` built from launcher code jitkey mirrors (see ``jitkey._triton_table.LAUNCHER_CODE``),
     whose launch is Triton's own C function, unwrapped (tensor descriptors wrap it), and whose signature has
     one type per kernel parameter, each a type the plan packs. Under Triton 3.9 also not for a kernel
     instrumented by GSan (its launcher adds arguments of its own).
@@ -441,75 +404,12 @@ def get_runtime() -> Runtime | None:
     return runtime
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Keys of Triton's own objects
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _constexpr_key(c: Any) -> Any:
-    return c.value
-
-
-def _dtype_key(d: Any) -> Any:
-    return d.name
-
-
-def cache_key(f: Any) -> Any:
-    """``f.cache_key`` (a ``JITCallable``'s: its source, its dependencies and the constexpr globals it reads),
-    leaving ``f`` as it was when it raises: Triton's property stores a placeholder hash before it visits the
-    source, and one that raises (an inner kernel's conflicting global) leaves the placeholder behind, so a
-    later read by Triton's own path would return it instead of raising Triton's error."""
-    had = "hash" in f.__dict__
-    before = f.__dict__.get("hash")
-    try:
-        return f.cache_key
-    except BaseException:
-        if had:
-            f.hash = before
-        raise
-
-
-def _callable_key(f: Any) -> Any:
-    # Triton keys a JITCallable (a jit function passed as an argument, a constexpr function) by its
-    # cache_key.
-    return cache_key(f)
-
-
-def _wrapper_key(w: Any) -> Any:
-    # triton.reinterpret(tensor, dtype): Triton specializes it as a pointer to ``dtype`` and on the
-    # 16-byte alignment of its data pointer (the alignment bit is always kept: finer is safe).
-    return (w.dtype, w.data_ptr() & 15 == 0)
-
-
-def _descriptor_key(d: Any) -> Any:
-    # A host TensorDescriptor: Triton's type is ``tensordesc<dtype[block_shape]>``; shape and strides
-    # are runtime arguments. The padding mode is kept too (finer than Triton's key).
-    return (d.base.dtype, tuple(d.block_shape), d.padding)
-
-
 def register_key_adapters() -> None:
-    """Key Triton's argument types like Triton's own specialization does (see ``_core._register_key_adapter``);
-    called once, when ``jitkey.triton`` is imported.
-
-    Exact types only where a subclass could carry more than the adapter reads (``tl.dtype``'s subclasses:
-    pointer and block types).
-    """
-    import importlib
-
+    """Key Triton's argument types like Triton's own specialization does (``jitkey._triton_table.KEY_ADAPTERS``,
+    see ``_core._register_key_adapter``); called once, when ``jitkey.triton`` is imported."""
     from jitkey._core import _register_key_adapter
 
-    # (module, name, adapter, subclasses too): a type this Triton lacks is simply not keyable (a call that
-    # passes one takes Triton's own path), so an unknown Triton still imports jitkey.triton.
-    table = (
-        ("triton.language", "constexpr", _constexpr_key, False),
-        ("triton.language", "dtype", _dtype_key, False),
-        ("triton.runtime.jit", "JITCallable", _callable_key, True),
-        ("triton.runtime.jit", "TensorWrapper", _wrapper_key, False),
-        ("triton.tools.tensor_descriptor", "TensorDescriptor", _descriptor_key, False),
-    )
-    for module, name, adapter, subclasses in table:
-        try:
-            cls = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError):  # pragma: no cover - another Triton's layout
-            continue
-        _register_key_adapter(cls, adapter, subclasses=subclasses)
+    for module, name, adapter, subclasses in _triton_table.KEY_ADAPTERS:
+        cls = _triton_table.resolve(((module, name),))
+        if cls is not None:
+            _register_key_adapter(cls, adapter, subclasses=subclasses)

@@ -19,9 +19,9 @@ from triton.runtime.jit import JITFunction
 from triton.runtime.jit import jit as _TRITON_JIT
 
 from jitkey._core import MISS, LruCache, Signature, _KernelBase, _TritonEntry, _TritonLauncher, _watch_bump
-from jitkey.errors import GlobalsChangedError, JitKeyError
+from jitkey.errors import GlobalsChangedError, JitKeyError, Unkeyable
 from jitkey.triton import _installed, _watch
-from jitkey.triton._installed import Unkeyable, launch_plan, triton_info
+from jitkey.triton._installed import launch_plan, triton_info
 
 _log = logging.getLogger("jitkey.triton")
 _MISSING = object()

@@ -253,7 +253,8 @@ def lookup(kernel: Any, launcher: Any, device: int, args: tuple[Any, ...], kwarg
     dialect, why = process_status()
     if dialect is None:
         return None
-    from jitkey.triton._installed import cache_key, triton_info
+    from jitkey._triton_table import cache_key
+    from jitkey.triton._installed import triton_info
 
     info = triton_info()
     knobs = info.knobs
