@@ -273,13 +273,13 @@ def _after_fork_in_child() -> None:
 @disjoint_base
 class _TierBase:
     """Private: base of :class:`jitkey.TieredIndex`; ``get`` looks in the local ``DiskIndex`` natively and
-    calls ``on_miss(key)`` only on a local miss."""
+    calls the subclass's ``_on_miss(key)`` only on a local miss."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Self: ...
-    def _tier_init(self, local: DiskIndex, on_miss: Callable[[Any], bytes | None], /) -> None:
-        """Set the local index and the miss handler (once)."""
+    def _tier_init(self, local: DiskIndex, /) -> None:
+        """Set the local index (once)."""
     def get(self, key: object) -> bytes | None:
-        """The local value, else ``on_miss(key)``."""
+        """The local value, else ``self._on_miss(key)``."""
 
 @final
 class _Miss:

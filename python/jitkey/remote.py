@@ -837,7 +837,11 @@ class TieredIndex(_TierBase):
         self.local = local
         self.remote = remote
         self._fill = _Fill(local, remote)
-        self._tier_init(local, self._fill)
+        self._tier_init(local)
+
+    def _on_miss(self, key: object) -> bytes | None:
+        # called by the native get() on a local miss
+        return self._fill(key)
 
     def __contains__(self, key: object) -> bool:
         return self.get(key) is not None
