@@ -208,6 +208,12 @@ def _write_json(path: str, rep: dict[str, Any]) -> None:
         json.dump(rep, f, indent=1)
 
 
+def _reasons(tr: Any, counts: dict[str, int], label: str, most: int | None = 20) -> None:
+    """One line per reason, most frequent first (``label`` formats the count ``n``)."""
+    for why, n in list(counts.items())[:most]:
+        tr.write_line(f"  {label.format(n=n)}  {why}")
+
+
 def _print(tr: Any, rep: dict[str, Any]) -> None:
     tr.write_sep("=", "jitkey fast-path report")
     share = rep["warm_fast_path"]
@@ -215,24 +221,19 @@ def _print(tr: Any, rep: dict[str, Any]) -> None:
         f"kernels {rep['kernels']}  launches {rep['launches']}  hits {rep['hits']}  misses {rep['misses']}  "
         f"fallbacks {rep['fallbacks']}  fast path {'-' if share is None else f'{100 * share:.2f}%'} of warm launches"
     )
-    for why, n in list(rep["fallback_reasons"].items())[:20]:
-        tr.write_line(f"  fallback {n:>7}  {why}")
+    _reasons(tr, rep["fallback_reasons"], "fallback {n:>7}")
     tr.write_line(
         f"hits launched by jitkey itself (cuLaunchKernelEx): {rep['driver_launches']}; "
         f"through Triton's launcher: {rep['hits'] - rep['driver_launches']}"
     )
-    for why, n in list(rep["launcher_reasons"].items())[:20]:
-        tr.write_line(f"  declined {n:>7} hits  {why}")
-    for why, n in list(rep["unplanned_variants"].items())[:20]:
-        tr.write_line(f"  no launch plan {n:>5} compiled variants  {why}")
+    _reasons(tr, rep["launcher_reasons"], "declined {n:>7} hits")
+    _reasons(tr, rep["unplanned_variants"], "no launch plan {n:>5} compiled variants")
     tr.write_line(
         f"misses served by the L2 (kernels compiled by an earlier process, from jitkey's disk index): "
         f"{rep['l2_hits']}; not in it: {rep['l2_misses']} ({rep['l2_recorded']} recorded for later processes)"
     )
-    for why, n in list(rep["l2_skipped"].items())[:20]:
-        tr.write_line(f"  L2 not used {n:>6} misses  {why}")
-    for why, n in rep["kept"].items():
-        tr.write_line(f"  kept by Triton {n:>5} kernels  {why}")
+    _reasons(tr, rep["l2_skipped"], "L2 not used {n:>6} misses")
+    _reasons(tr, rep["kept"], "kept by Triton {n:>5} kernels", most=None)
     for b in rep["busiest"]:
         tr.write_line(
             f"  {b['launches']:>8} launches  {b['hits']:>8} hits  {b['misses']:>6} misses  "
@@ -246,7 +247,5 @@ def _print(tr: Any, rep: dict[str, Any]) -> None:
             f"{d['bound_calls']}  misses {d['misses']} ({d['warmups']} compiled/tuned by the DSL)  fallbacks "
             f"{d['fallbacks']}  fast path {'-' if share is None else f'{100 * share:.2f}%'} of warm calls"
         )
-        for why, n in list(d["fallback_reasons"].items())[:20]:
-            tr.write_line(f"  fallback {n:>7}  {why}")
-        for why, n in list(d["refused"].items())[:20]:
-            tr.write_line(f"  no plan  {n:>7}  {why}")
+        _reasons(tr, d["fallback_reasons"], "fallback {n:>7}")
+        _reasons(tr, d["refused"], "no plan  {n:>7}")
