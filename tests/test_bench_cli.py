@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-CPU_SECTIONS = {"key", "cache", "lookup", "disk"}
+CPU_SECTIONS = {"key", "cache", "lookup", "disk", "fnkey", "autotune"}
 
 
 def run_bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
