@@ -21,8 +21,10 @@ TRITON_PINNED := $(shell sed -n 's/^triton==//p' requirements-dev.txt)
 TRITON_LATEST ?= 3.9.0
 TRITON_LATEST_DIR := .triton-latest
 TRITON_LATEST_STAMP := $(TRITON_LATEST_DIR)/.installed-$(TRITON_LATEST)
-# Every test/bench module that imports triton (new ones join the matrix automatically).
-TRITON_TESTS = $(shell grep -lE '^[[:space:]]*(import triton|from triton[ .]|.*importorskip..triton)' tests/test_*.py benches/test_*.py)
+# Every test/bench module that imports triton (new ones join the matrix automatically), and the bench cases
+# (benches/test_bench_cli_cases.py: its lookup and autotune sections use triton through jitkey.bench).
+TRITON_TESTS = $(shell grep -lE '^[[:space:]]*(import triton|from triton[ .]|.*importorskip..triton)' tests/test_*.py benches/test_*.py) \
+  benches/test_bench_cli_cases.py
 
 .PHONY: all help venv build test test-rust test-python test-triton-latest bench lint format wheel sdist install-check clean redis-server
 

@@ -18,23 +18,31 @@ def value_for(tag: object, i: int, size: int = 24) -> bytes:
     return head + b"v" * max(0, size - len(head))
 
 
-def t1_writer(directory: str, wid: int, m: int, durability: str, out: str) -> None:
+def t1_writer(directory: str, wid: int, m: int, durability: str, out: str, batch: int = 1) -> None:
     """M puts: distinct keys, ~10% shared keys with the same value, ~1% contended keys with
-    per-writer values. Records the last value it wrote per contended key."""
+    per-writer values. Records the last value it wrote per contended key. ``batch`` > 1: in
+    ``put_many`` calls of that many records instead of one ``put`` each."""
     ix = jitkey.DiskIndex(directory, durability=durability)
     last_contended: dict[int, str] = {}
+    pending: list[tuple[object, bytes]] = []
     t0 = time.perf_counter()
     for i in range(m):
         r = i % 100
         if r < 10:
-            ix.put(("shared", i % 500), value_for("shared", i % 500))
+            pending.append((("shared", i % 500), value_for("shared", i % 500)))
         elif r == 10:
             c = i % 7
             v = value_for(f"c{wid}", i)
-            ix.put(("contended", c), v)
+            pending.append((("contended", c), v))
             last_contended[c] = v.decode()
         else:
-            ix.put(("w", wid, i), value_for(wid, i))
+            pending.append((("w", wid, i), value_for(wid, i)))
+        if len(pending) >= batch or i == m - 1:
+            if batch == 1:
+                ix.put(*pending[0])
+            else:
+                ix.put_many(pending)
+            pending = []
     dt = time.perf_counter() - t0
     st = ix.stats()
     ix.close()

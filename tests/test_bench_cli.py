@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-CPU_SECTIONS = {"key", "cache", "lookup", "disk"}
+CPU_SECTIONS = {"key", "cache", "lookup", "disk", "fnkey", "autotune"}
 
 
 def run_bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -226,17 +226,18 @@ def test_launch_section_reads_a_real_gpu_result(recorded: str, expected: set[str
 
 
 def test_gpu_bench_wide_kernels_and_goals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The 34- and 58-argument add kernels are generated as the written ones are (no GPU needed to build them),
-    and the table's goals and jitkey / driver floor column follow the rows (here: a recorded run's rows with two
+    """The add kernels are generated from their pointer count (no GPU needed to build them), every width the bench
+    launches, and the table's goals and jitkey / driver floor column follow the rows (here: a recorded run's rows with two
     wider ones added)."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
     from jitkey import triton_bench
 
-    k = triton_bench._wide_add_kernel(56, str(tmp_path))
-    assert len(k.params) == 58 and k.arg_names[-3:] == ["out", "n", "BLOCK"]
-    assert k.src.count("tl.load(") == 55 and "acc += tl.load(p54 + offs, mask=mask)" in k.src
-    assert k.params[-1].is_constexpr
+    for nptr in triton_bench.POINTERS:
+        k = triton_bench._add_kernel(nptr, str(tmp_path))
+        assert len(k.params) == nptr + 2 and k.arg_names[-3:] == ["out", "n", "BLOCK"]
+        assert k.src.count("tl.load(") == nptr - 1 and k.params[-1].is_constexpr
+    assert "acc += tl.load(p54 + offs, mask=mask)" in k.src  # the last one: 56 pointers
     res = json.loads((Path(__file__).parent / "data" / "gpu_launch_h200_driver.json").read_text())
     rows = res["results"]
     for nptr, speedup in ((32, 8.0), (56, 9.5)):

@@ -34,7 +34,7 @@ __all__ = ["DESCRIPTION", "add_arguments", "main", "run"]
 
 DESCRIPTION = f"""Launch-overhead and key-cost microbenchmark of jitkey against its peers.
 
-Sections: key, cache, lookup, disk, remote (CPU), launch and dsl (need an NVIDIA GPU; dsl also a DSL:
+Sections: key, cache, lookup, disk, fnkey, autotune, remote (CPU), launch and dsl (need an NVIDIA GPU; dsl also a DSL:
 Helion 1.4.0 or FlagGems 5.0.0); cold (only with --only cold: a fresh process's decoration and, on a GPU, first
 launches, plain Triton vs jitkey, in fresh subprocesses). Every case checks its result before it is timed.
 Times are medians of calibrated timeit repeats; ratio = median / the

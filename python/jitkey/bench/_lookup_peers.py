@@ -1,6 +1,6 @@
 """Peers of ``Signature.lookup``: the argument → key → cached-kernel step as Python, Helion and
-Triton do it. Shared by ``benches/test_bench_signature.py`` and the ``lookup`` section of
-``python -m jitkey bench``. Importing this module needs torch and triton (CPU is enough).
+Triton do it, for the ``lookup`` section of ``python -m jitkey bench`` (which benches/ runs too). Importing this
+module needs torch and triton (CPU is enough).
 """
 
 from __future__ import annotations

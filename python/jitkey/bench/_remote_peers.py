@@ -1,4 +1,5 @@
-"""The Redis-tier benchmark's setup, shared by ``python -m jitkey bench`` (``remote``) and benches/.
+"""The Redis-tier benchmark's setup, for the ``remote`` section of ``python -m jitkey bench`` (which benches/ runs
+too).
 
 One throwaway ``redis-server`` (``jitkey._redis_server``) serves three clients that fetch the same stored
 bytes: jitkey's :class:`jitkey.RemoteIndex`, a plain ``redis-py`` client (``GET`` of the same Redis key, so the

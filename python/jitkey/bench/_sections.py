@@ -83,12 +83,40 @@ def usual_keys() -> dict[str, tuple[Any, ...]]:
     return keys
 
 
-def _returns(fn: Callable[[], object], value: object, label: str) -> Callable[[], None]:
-    def check() -> None:
-        if fn() is not value:
-            raise AssertionError(f"{label} did not return the cached value")
+def _probe(stmt: str, env: dict[str, Any]) -> Callable[[], object]:
+    """A case's statement as a function returning the value of its last expression (``a; b``: runs ``a``,
+    returns ``b``), with ``env`` as its globals."""
+    *before, last = stmt.split("; ")
+    scope = dict(env)
+    exec("def _p():\n" + "".join(f"    {s}\n" for s in before) + f"    return {last}\n", scope)
+    return scope["_p"]  # type: ignore[no-any-return]
 
-    return check
+
+def _stmt_cases(
+    group: str,
+    env: dict[str, Any],
+    rows: list[tuple[str, str, bool]],
+    expect: object,
+    miss: dict[str, Any] | None = None,
+) -> list[Case]:
+    """A case per ``(impl, stmt, baseline)`` row of a cache-hit group. Each checks that its statement returns
+    ``expect`` (that very object) and, given ``miss`` (names rebound in ``env`` to arguments that must not hit),
+    that it then returns ``None`` or ``jitkey.MISS`` instead."""
+    cases: list[Case] = []
+    for impl, stmt, baseline in rows:
+
+        def check(impl: str = impl, stmt: str = stmt) -> None:
+            if _probe(stmt, env)() is not expect:
+                raise AssertionError(f"{impl} ({stmt}) did not return the cached value")
+            if miss is not None and _probe(stmt, {**env, **miss})() not in (None, jitkey.MISS):
+                raise AssertionError(f"{impl} ({stmt}) hit with arguments that must miss")
+
+        cases.append(Case(group, impl, stmt, env, check, baseline=baseline))
+    return cases
+
+
+#: Other keys (of the same shape) in every cache of the ``cache hit`` groups, so no probe is into an empty table.
+FILL = 512
 
 
 def cache_section(quick: bool) -> SectionResult:
@@ -98,87 +126,55 @@ def cache_section(quick: bool) -> SectionResult:
     cases: list[Case] = []
     for n in (4, 16):
         key = triton_style_key(n)
-        fresh = "k = (" + ", ".join(f"k{i}" for i in range(n)) + ",)"  # a new tuple per call
+        others = [(*key[:-1], 1000 + i) for i in range(FILL)]
         value = object()
-        d = {key: value}
+        table = {o: object() for o in others}
+        table[key] = value
         lru = jitkey.LruCache(1024)
-        lru[key] = value
-
-        @functools.lru_cache(maxsize=1024)
-        def cached(*args: Any, _v: object = value) -> object:
-            return _v
-
-        cached(*key)
-        env: dict[str, Any] = {"k": key, "d": d, "lru": lru, "cached": cached}
+        tc: Any = cachetools.LRUCache(maxsize=1024) if cachetools is not None else None
+        cached = functools.lru_cache(maxsize=1024)(lambda *args, t=table: t.get(args))
+        for k, v in table.items():  # the probed key last (the most recently used)
+            lru[k] = v
+            cached(*k)
+            if tc is not None:
+                tc[k] = v
+        env: dict[str, Any] = {
+            "k": key,
+            "d": dict(table),
+            "lru": lru,
+            "cached": cached,
+            "tc": tc,
+            "mk": object,
+        }
         env.update({f"k{i}": item for i, item in enumerate(key)})
-        impls: list[tuple[str, str, Callable[[], object]]] = [
-            ("dict[tuple]", "d[k]", functools.partial(d.__getitem__, key)),
-            ("jitkey LruCache[tuple]", "lru[k]", functools.partial(lru.__getitem__, key)),
-            ("jitkey LruCache.get(tuple)", "lru.get(k)", functools.partial(lru.get, key)),
-            ("functools.lru_cache(*args)", "cached(*k)", functools.partial(cached, *key)),
+        rows = [("dict[tuple]", "d[k]", True), ("jitkey LruCache[tuple]", "lru[k]", False)]
+        rows += [
+            ("jitkey LruCache.get(tuple)", "lru.get(k)", False),
+            ("jitkey LruCache.get_or_insert", "lru.get_or_insert(k, mk)", False),  # a hit: mk is not called
+            ("functools.lru_cache(*args)", "cached(*k)", False),
         ]
-        if cachetools is not None:
-            tc: Any = cachetools.LRUCache(maxsize=1024)
-            tc[key] = value
-            env["tc"] = tc
-            impls.append(("cachetools.LRUCache[tuple]", "tc[k]", functools.partial(tc.__getitem__, key)))
-        for label, stmt, fn in impls:
-            cases.append(
-                Case(
-                    f"cache hit/{n}-entry",
-                    label,
-                    stmt,
-                    env,
-                    _returns(fn, value, label),
-                    baseline=label == "dict[tuple]",
-                )
-            )
+        if tc is not None:
+            rows.append(("cachetools.LRUCache[tuple]", "tc[k]", False))
+        cases += _stmt_cases(f"cache hit/{n}-entry", env, rows, value)
         # The same lookups with a freshly built key tuple per call (what a launcher really does).
-        for label, stmt in [("dict[fresh tuple]", "d[k]"), ("jitkey LruCache[fresh tuple]", "lru[k]")]:
-
-            def check_fresh(
-                stmt: str = stmt, env: dict[str, Any] = env, value: object = value, fresh: str = fresh
-            ) -> None:
-                scope = dict(env)
-                exec(fresh + "\nout = " + stmt, scope)
-                if scope["out"] is not value:
-                    raise AssertionError(f"{stmt} with a fresh tuple missed")
-
-            cases.append(
-                Case(
-                    f"cache hit, fresh key/{n}-entry",
-                    label,
-                    fresh + "; " + stmt,
-                    env,
-                    check_fresh,
-                    baseline=label.startswith("dict"),
-                )
-            )
+        fresh = "k = (" + ", ".join(f"k{i}" for i in range(n)) + ",); "
+        rows = [
+            ("dict[fresh tuple]", fresh + "d[k]", True),
+            ("jitkey LruCache[fresh tuple]", fresh + "lru[k]", False),
+        ]
+        cases += _stmt_cases(f"cache hit, fresh key/{n}-entry", env, rows, value)
     # Flat keys of the usual shapes: LruCache[key] against dict[key], same tuple, in caches that also
     # hold 100 other keys.
     for shape, key in usual_keys().items():
         value = object()
-        d = {("other", i): i for i in range(100)}
+        d: dict[Any, object] = {("other", i): i for i in range(100)}
         lru = jitkey.LruCache(1024)
         for other in d:
             lru[other] = d[other]
         d[key] = value
         lru[key] = value
-        env = {"k": key, "d": d, "lru": lru}
-        for label, stmt, fn in [
-            ("dict[tuple]", "d[k]", functools.partial(d.__getitem__, key)),
-            ("jitkey LruCache[tuple]", "lru[k]", functools.partial(lru.__getitem__, key)),
-        ]:
-            cases.append(
-                Case(
-                    f"cache hit, usual key/{shape}",
-                    label,
-                    stmt,
-                    env,
-                    _returns(fn, value, label),
-                    baseline=label == "dict[tuple]",
-                )
-            )
+        rows = [("dict[tuple]", "d[k]", True), ("jitkey LruCache[tuple]", "lru[k]", False)]
+        cases += _stmt_cases(f"cache hit, usual key/{shape}", {"k": key, "d": d, "lru": lru}, rows, value)
     return cases
 
 
@@ -193,26 +189,16 @@ def lookup_section(quick: bool) -> SectionResult:
     cases: list[Case] = []
     sentinel = object()
 
-    def is_hit(label: str, fn: Callable[[], object]) -> Callable[[], None]:
-        def check() -> None:
-            if fn() is not sentinel:
-                raise AssertionError(f"{label} did not return the cached kernel")
-
-        return check
-
     for n in (2, 4, 8, 16):
         group = f"lookup/triton-style {n} args"
         args = peers.triton_args(n)
         sig = jitkey.Signature(jitkey.rules.triton(peers.KERNELS[n]), extra=("kernel", n, 0))
         cache = jitkey.LruCache(256)
         sig.insert(cache, args, sentinel)
-        misaligned = (peers.TENSOR[1:], *args[1:])
-        if sig.lookup(cache, misaligned) is not jitkey.MISS:
-            raise AssertionError("Signature.lookup: a misaligned tensor must not hit the aligned entry")
         pykey = peers.python_triton_key(n)
         d = {pykey(args): sentinel}
         hd = {peers.helion_style_key(args): sentinel}
-        lru = functools.lru_cache(maxsize=256)(lambda *k: sentinel)
+        lru = functools.lru_cache(maxsize=256)(lambda *k, d=d: d.get(k))  # the "compile" of a miss: None
         fn = peers.KERNELS[n]
         binder = create_function_from_signature(fn.signature, fn.params, peers.BACKEND)
         kkc: dict[Any, Any] = {}
@@ -234,9 +220,8 @@ def lookup_section(quick: bool) -> SectionResult:
             ("python tuple key + lru_cache", "lru(*k(a))", False),
             ("triton binder + key + dict", "vb(a)", False),
         ]
-        for label, stmt, base in impls:
-            probe = eval(f"lambda: {stmt}", dict(env))
-            cases.append(Case(group, label, stmt, env, is_hit(label, probe), baseline=base))
+        # a misaligned first tensor (2 bytes in) must miss the aligned entry, in every implementation
+        cases += _stmt_cases(group, env, impls, sentinel, miss={"a": (peers.TENSOR[1:], *args[1:])})
     # Helion-style: four tensors, exact sizes and strides.
     group = "lookup/helion-style 4 tensors"
     args = peers.HELION_ARGS
@@ -256,14 +241,13 @@ def lookup_section(quick: bool) -> SectionResult:
         "hd": hd,
         "hk": peers.helion_style_key,
     }
-    for label, stmt, base in [
+    impls = [
         ("python tuple key + dict", "d.get(k(a))", True),
         ("jitkey Signature.lookup", "sig.lookup(c, a)", False),
         ("helion-style dataclass + dict", "hd.get(hk(a))", False),
-    ]:
-        probe = eval(f"lambda: {stmt}", dict(env))
-        cases.append(Case(group, label, stmt, env, is_hit(label, probe), baseline=base))
-    return cases
+    ]
+    # the last tensor with other sizes and strides must miss
+    return cases + _stmt_cases(group, env, impls, sentinel, miss={"a": (*args[:3], peers.OTHER.view(4, 256))})
 
 
 def disk_section(quick: bool) -> SectionResult:
@@ -282,55 +266,129 @@ def disk_section(quick: bool) -> SectionResult:
     probe = keys[n // 2]
     tmp = tempfile.TemporaryDirectory(prefix="jitkey-bench-")
     root = Path(tmp.name)
-    stores: dict[str, Any] = {}
-    for name in ("DiskIndex", "sqlite3 WAL", "file per entry"):
+    kinds: dict[str, Any] = {
+        "DiskIndex": jitkey.DiskIndex,
+        "sqlite3 WAL": SqliteStore,
+        "file per entry": FileStore,
+    }
+    counter = itertools.count()
+    gets: list[Case] = []
+    opens: list[Case] = []
+    puts: list[Case] = []
+    for name, kind in kinds.items():
         d = root / name.replace(" ", "_")
         d.mkdir(mode=0o700)
-        store = (
-            jitkey.DiskIndex(d)
-            if name == "DiskIndex"
-            else SqliteStore(d)
-            if name.startswith("sqlite")
-            else FileStore(d)
-        )
+        store = kind(d)
         store.put_many([(k, value) for k in keys])
-        stores[name] = store
-    counter = itertools.count()
-    cases: list[Case] = []
-    for name, store in stores.items():
-        env = {"s": store, "k": probe, "v": value, "dg": jitkey.digest, "c": counter, "_tmp": tmp}
+        env = {
+            "s": store,
+            "S": kind,
+            "p": d,
+            "k": probe,
+            "v": value,
+            "dg": jitkey.digest,
+            "c": counter,
+            "_tmp": tmp,
+        }
 
         def check_get(store: Any = store, name: str = name) -> None:
             _expect(store.get(probe), value, f"{name}.get of a stored key")
             _expect(store.get(jitkey.digest(("absent", 0))), None, f"{name}.get of an absent key")
+
+        def check_open(kind: Any = kind, d: Path = d, name: str = name) -> None:
+            check_get(kind(d), name + " opened again")
 
         def check_put(store: Any = store, name: str = name) -> None:
             k = jitkey.digest(("put-check", name))
             store.put(k, b"x" * 64)
             _expect(store.get(k), b"x" * 64, f"{name}.get after put")
 
-        impl = "jitkey " + name if name == "DiskIndex" else name
-        cases.append(
-            Case(
-                f"disk get hit/{n} entries",
-                impl,
-                "s.get(k)",
-                env,
-                check_get,
-                baseline=name.startswith("sqlite"),
-            )
+        impl, base = ("jitkey " + name if kind is jitkey.DiskIndex else name), kind is SqliteStore
+        gets.append(Case(f"disk get hit/{n} entries", impl, "s.get(k)", env, check_get, baseline=base))
+        # what a fresh process pays for its first entry (DiskIndex validates every record when it opens)
+        opens.append(
+            Case(f"disk open + first get/{n} entries", impl, "S(p).get(k)", env, check_open, baseline=base)
         )
-        cases.append(
-            Case(
-                "disk put new key (incl. digest)",
-                impl,
-                "s.put(dg(('new', next(c))), v)",
-                env,
-                check_put,
-                baseline=name.startswith("sqlite"),
+        put = "s.put(dg(('new', next(c))), v)"
+        puts.append(Case("disk put new key (incl. digest)", impl, put, env, check_put, baseline=base))
+    return gets + opens + puts  # the puts last: they add entries to the stores
+
+
+def fnkey_section(quick: bool) -> SectionResult:
+    """Per-launch drift check: GlobalsGuard.check vs Triton's used_global_vals loop; function keys:
+    jitkey.function_key vs sha256 of the source."""
+    from jitkey.bench import _peers as peers
+    from jitkey.errors import GlobalsChangedError
+
+    cases: list[Case] = []
+    for n in (4, 16):
+        kernel, ns = peers.kernel_with_globals(n)
+        used = {(f"G{i}", id(ns)): (ns[f"G{i}"], ns) for i in range(n)}
+        g_env = {"g": jitkey.GlobalsGuard(kernel), "tc": peers.triton_globals_check, "u": used, "_ns": ns}
+        checks = [
+            ("triton used_global_vals loop", "tc(u)", True, RuntimeError),
+            ("jitkey GlobalsGuard.check", "g.check()", False, GlobalsChangedError),
+        ]
+        for impl, stmt, baseline, error in checks:
+
+            def check(
+                impl: str = impl, stmt: str = stmt, error: type[Exception] = error, env: Any = g_env
+            ) -> None:
+                ns, run = env["_ns"], _probe(stmt, env)
+                run()  # passes now, raises once a global is rebound, passes again once it is restored
+                old = ns["G1"]
+                ns["G1"] = old + 1000
+                try:
+                    run()
+                except error:
+                    pass
+                else:
+                    raise AssertionError(f"{impl} missed a rebound global")
+                finally:
+                    ns["G1"] = old
+                run()
+
+            cases.append(Case(f"globals check/{n} globals", impl, stmt, g_env, check, baseline=baseline))
+
+    def check_key() -> None:
+        for fn in (jitkey.function_key, peers.source_sha256):
+            key = fn(peers.kernel_with_helper)
+            _expect(
+                (len(key), key == fn(peers.kernel_with_helper)),
+                (32, True),
+                f"{fn.__name__}: 32 bytes, stable",
             )
-        )
-    return cases
+
+    env = {"fk": jitkey.function_key, "sha": peers.source_sha256, "f": peers.kernel_with_helper}
+    rows = [("sha256 of the source", "sha(f)", True), ("jitkey.function_key", "fk(f)", False)]
+    return cases + [
+        Case("function key (fn + helper)", i, st, env, check_key, baseline=b) for i, st, b in rows
+    ]
+
+
+def autotune_section(quick: bool) -> SectionResult:
+    """A warm autotuned call (no-op launch): jitkey.triton.autotune vs triton.autotune's Autotuner."""
+    try:
+        from jitkey.bench import _autotune_peers as ap
+    except ImportError as e:
+        return Skipped("autotune", f"needs torch and triton ({e}): pip install 'jitkey[torch,triton]'")
+    tt, t_rec = ap.triton_tuner()
+    jt, j_rec = ap.jitkey_tuner()
+
+    def check() -> None:
+        for tuner, rec in ((tt, t_rec), (jt, j_rec)):
+            rec.last = {}
+            tuner.run(*ap.ARGS, grid=(1,), warmup=False)
+            _expect(
+                (tuner.best_config, rec.last.get("BLOCK")), (ap.WINNER, 256), f"{type(tuner).__name__} config"
+            )
+        _expect(jt.cache_stats()["tunings"], 1, "jitkey autotune: tuned once")
+
+    env = {"tt": tt, "jt": jt, "a": ap.ARGS}
+    group = "autotuned warm call (no-op launch)"
+    call = "{}.run(*a, grid=(1,), warmup=False)"
+    rows = [("triton Autotuner.run", "tt", True), ("jitkey autotune.run", "jt", False)]
+    return [Case(group, impl, call.format(v), env, check, baseline=base, unit="us") for impl, v, base in rows]
 
 
 def gpu_unavailable_reason() -> str | None:
@@ -525,6 +583,8 @@ SECTIONS: dict[str, Callable[[bool], SectionResult]] = {
     "cache": cache_section,
     "lookup": lookup_section,
     "disk": disk_section,
+    "fnkey": fnkey_section,
+    "autotune": autotune_section,
     "remote": remote_section,
     "launch": launch_section,
     "dsl": dsl_section,
