@@ -3,17 +3,15 @@
 //!
 //! Invariant: none of this exists in a release build. The points are named at their call sites in
 //! `append` and `compact` in every build, but without the cargo feature `fault-injection`
-//! [`hit`] and [`due`] are no-ops the compiler removes, the writer has no armed state, and neither
-//! [`Fault`] nor `DiskIndex::arm_fault` is exported. `make build`/`make test` turn the feature on
-//! (the Python crash tests need `DiskIndex._arm_fault`); the wheel and sdist leave it off.
+//! [`CrashPoints`] holds nothing and its `hit` and `due` are no-ops the compiler removes, and
+//! neither [`Fault`] nor `DiskIndex::arm_fault` is exported. `make build`/`make test` turn the
+//! feature on (the Python crash tests need `DiskIndex._arm_fault`); the wheel and sdist leave it
+//! off. The armed point lives in the writer's state, so only the lock holder passes one.
 
-use super::append::Writer;
-#[cfg(feature = "fault-injection")]
-use super::index::DiskIndex;
-
-/// A point where an armed process kills itself (see [`DiskIndex::arm_fault`]): the crash tests'
-/// way to stop a writer at an exact step (the kill-during-append and kill-during-compaction tests
-/// in `tests/test_disk_processes.py` and `tests/test_disk_torture.py`).
+/// A point where an armed process kills itself (see
+/// [`DiskIndex::arm_fault`](super::DiskIndex::arm_fault)): the crash tests' way to stop a writer
+/// at an exact step (the kill-during-append and kill-during-compaction tests in
+/// `tests/test_disk_processes.py` and `tests/test_disk_torture.py`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     /// Write the first half of an append batch, then die (a torn record).
@@ -47,49 +45,56 @@ impl Fault {
     }
 }
 
+/// The armed crash point, if any, and how many more passes it lets by.
+#[derive(Default)]
+pub(super) struct CrashPoints {
+    #[cfg(feature = "fault-injection")]
+    armed: Option<(Fault, u32)>,
+}
+
 #[cfg(feature = "fault-injection")]
-impl DiskIndex {
-    /// Arms a crash point: the `after`-th time (0 = next) the process reaches `fault`, it
-    /// SIGKILLs itself. Only for the crash tests; only with the `fault-injection` feature.
-    pub fn arm_fault(&self, fault: Fault, after: u32) {
-        self.writer().fault = Some((fault, after));
+impl CrashPoints {
+    /// Arms `fault` to fire on its `after`-th pass (0 = the next one).
+    pub(super) fn arm(&mut self, fault: Fault, after: u32) {
+        self.armed = Some((fault, after));
     }
-}
 
-/// Whether `at` is armed to fire on this very pass (the caller then does the half of its work the
-/// crash should leave behind before calling [`hit`]).
-#[cfg(feature = "fault-injection")]
-pub(super) fn due(w: &Writer, at: Fault) -> bool {
-    matches!(w.fault, Some((f, 0)) if f == at)
-}
+    /// Whether `at` is armed to fire on this very pass (the caller then does the half of its work
+    /// the crash should leave behind before calling [`hit`](Self::hit)).
+    pub(super) fn due(&self, at: Fault) -> bool {
+        matches!(self.armed, Some((f, 0)) if f == at)
+    }
 
-/// Passes crash point `at`: dies here if it is armed and due, else counts the pass down.
-#[cfg(feature = "fault-injection")]
-pub(super) fn hit(w: &mut Writer, at: Fault) {
-    if let Some((f, n)) = w.fault {
-        if f == at {
-            if n == 0 {
-                let _ =
-                    rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
-                // SIGKILL cannot be caught; if kill failed, abort is the next best crash.
-                std::process::abort();
+    /// Passes crash point `at`: dies here if it is armed and due, else counts the pass down.
+    pub(super) fn hit(&mut self, at: Fault) {
+        if let Some((f, n)) = self.armed {
+            if f == at {
+                if n == 0 {
+                    let _ = rustix::process::kill_process(
+                        rustix::process::getpid(),
+                        rustix::process::Signal::KILL,
+                    );
+                    // SIGKILL cannot be caught; if kill failed, abort is the next best crash.
+                    std::process::abort();
+                }
+                self.armed = Some((f, n - 1));
             }
-            w.fault = Some((f, n - 1));
         }
     }
 }
 
-/// Without the `fault-injection` feature no point is ever armed.
 #[cfg(not(feature = "fault-injection"))]
-#[inline(always)]
-pub(super) fn due(_w: &Writer, _at: Fault) -> bool {
-    false
-}
+impl CrashPoints {
+    /// Without the `fault-injection` feature no point is ever armed.
+    #[inline(always)]
+    pub(super) fn due(&self, _at: Fault) -> bool {
+        false
+    }
 
-/// Without the `fault-injection` feature passing a crash point does nothing.
-#[cfg(not(feature = "fault-injection"))]
-#[inline(always)]
-pub(super) fn hit(_w: &mut Writer, _at: Fault) {}
+    /// Without the `fault-injection` feature passing a crash point does nothing.
+    #[inline(always)]
+    pub(super) fn hit(&mut self, _at: Fault) {}
+}
 
 #[cfg(all(test, feature = "fault-injection"))]
 mod tests {

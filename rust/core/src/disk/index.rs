@@ -1,345 +1,331 @@
-//! The public face of the disk index: [`DiskIndex`], its [`Options`] and the values its methods
-//! return. The `DiskIndex` struct, opening, the accessors, `sync`, `close` and the fork hook live
-//! here; the other methods live with the machinery they drive (reads in `view`, puts and deletes in
-//! `append`, `compact`/`clear` in `compact`, `stats` in `stats`; rustdoc shows them together).
+//! The public face of the disk index: [`DiskIndex`], a facade over the parts that do the work,
+//! and the sequences that need more than one part (opening, a put, a compaction).
+//!
+//! The parts, each owning exactly the state it may touch:
+//! * `Shared` (`shared`): paths, options, counters, mode, warnings, the closed flag. No file.
+//! * `Reader` (`view`): the view and the lock-free read path. A read-only descriptor; nothing
+//!   that writes a file.
+//! * `Overlay` (`overlay`): memory-only entries.
+//! * `Writer` (`append`): the lock file and the write descriptor, reachable only through the
+//!   `Locked` guard that holds the file lock; padding and appends are its methods.
+//! * `Compactor` (`compact`): replacing the live file; made from a `Locked` guard only.
 //!
 //! Invariant: no method fails because of the environment. Opening never fails (an unusable
-//! directory or file gives [`Mode::ReadOnly`] or [`Mode::Memory`] with a reason, decided in
-//! `trust`); a write the file cannot take is kept in this process's memory and reported once per
-//! kind through [`DiskIndex::take_warnings`]. Only caller mistakes and a closed index are errors
-//! ([`DiskError`]).
+//! directory or file gives [`Mode::ReadOnly`] or [`Mode::Memory`] with a reason, decided by
+//! `trust`'s checks); a write the file cannot take is kept in this process's memory (the bounded
+//! overlay) and reported once per kind through [`DiskIndex::take_warnings`]. Only caller mistakes
+//! and a closed index are errors ([`DiskError`]).
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::{Duration, Instant};
+use std::io;
+use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
 
-use super::append::Writer;
-use super::format::{Digest, FORMAT_MAJOR};
-use super::stats::Counters;
-use super::view::{DigestHash, View};
-
-/// The lock file's name; the lock holder is the only process that writes the log.
-pub(super) const LOCK_NAME: &str = "index.lock";
-
-/// The live log's name (the format major is part of it: another major is another file).
-pub fn log_name() -> String {
-    format!("index.v{FORMAT_MAJOR}.jki")
-}
-
-/// How hard an append tries to survive power loss (a killed process loses at most the batch it
-/// was writing in either mode). Compaction always fsyncs its temp file before the rename.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Durability {
-    /// No fsync per batch: a kill loses at most the in-flight batch; power loss may lose recent ones.
-    None,
-    /// `fdatasync` after every batch and an fsync of the directory after each rename.
-    Full,
-}
-
-/// The access the caller asks for (`JITKEY_DISK_CACHE=rw|ro|0`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// Read and append (`rw`, the default).
-    ReadWrite,
-    /// Read the file, keep puts in this process's memory (`ro`).
-    ReadOnly,
-    /// Touch no file at all (`0`).
-    Memory,
-}
-
-/// The mode the index actually runs in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// Reads and appends go to the file.
-    ReadWrite,
-    /// Hits are served from the file; puts stay in this process's memory.
-    ReadOnly,
-    /// No file: puts and gets use this process's memory only.
-    Memory,
-}
-
-impl Mode {
-    /// The mode's name as `jitkey` reports it: `rw`, `ro` or `memory`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::ReadWrite => "rw",
-            Mode::ReadOnly => "ro",
-            Mode::Memory => "memory",
-        }
-    }
-}
-
-/// How [`DiskIndex::open`] sets up an index; [`Options::default`] is what `jitkey.DiskIndex()` uses.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// Soft cap on the file size: compaction evicts the oldest entries down to 3/4 of it.
-    pub max_bytes: u64,
-    /// Whether appends are `fdatasync`ed (see [`Durability`]).
-    pub durability: Durability,
-    /// The access asked for; the environment may grant less (see [`DiskIndex::mode`]).
-    pub access: Access,
-    /// How long an append waits for the file lock before it keeps the batch in memory.
-    pub lock_timeout: Duration,
-    /// How often a hit checks whether another process appended or compacted.
-    pub refresh_interval: Duration,
-    /// How long disk writes stay off after ENOSPC / EDQUOT / EFBIG.
-    pub disable_for: Duration,
-    /// The caller named this directory explicitly: a group/world-writable directory with the
-    /// sticky bit (like `/tmp`) is then used, with every file in it required to be this user's
-    /// own. Otherwise such a directory degrades to memory-only like any other shared one.
-    pub trust_sticky_dir: bool,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Self {
-            max_bytes: 64 << 20,
-            durability: Durability::None,
-            access: Access::ReadWrite,
-            lock_timeout: Duration::from_secs(10),
-            refresh_interval: Duration::from_millis(200),
-            disable_for: Duration::from_secs(60),
-            trust_sticky_dir: false,
-        }
-    }
-}
-
-/// Kinds of environment trouble; each is reported once per index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WarningKind {
-    /// The index runs read-only or memory-only (the reason is in the message).
-    Mode = 0,
-    /// A write failed (disk full, I/O error); writes stay in memory for a while.
-    WriteFailed = 1,
-    /// The file lock was held longer than [`Options::lock_timeout`]; the write stayed in memory.
-    LockTimeout = 2,
-    /// The file was damaged (bad header, moved aside) or shrank under the process (rewritten).
-    Corrupt = 3,
-}
-
-/// What a put did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PutOutcome {
-    /// Records appended to the file.
-    pub written: usize,
-    /// Values skipped because the file already held the same value under the key.
-    pub deduped: usize,
-    /// Kept in this process's memory because the file could not take them.
-    pub memory_only: usize,
-    /// The sequence number of the first record this batch wrote (compaction never evicts it).
-    pub first_seq: u64,
-}
-
-/// Why an operation could not run at all (the environment never causes one: see the module doc).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DiskError {
-    /// [`DiskIndex::close`] ran before (or during) the operation.
-    Closed,
-    /// Value number `index` of the batch is `len` bytes, more than [`MAX_VALUE`](super::MAX_VALUE);
-    /// nothing of the batch was written.
-    ValueTooLarge {
-        /// The position of the value in the batch.
-        index: usize,
-        /// Its length in bytes.
-        len: usize,
-    },
-}
-
-/// The result of a lookup that does no I/O.
-#[derive(Debug)]
-pub enum Probe<R> {
-    /// Found: what the callback made of the value.
-    Hit(R),
-    /// Not there (or only a damaged copy, which is never served).
-    Miss,
-    /// Call [`DiskIndex::refresh`] (I/O) and probe again with `final_probe`.
-    Refresh,
-}
-
-/// `$JITKEY_CACHE_DIR`, else `$XDG_CACHE_HOME/jitkey`, else `~/.cache/jitkey`.
-pub fn default_dir() -> Option<PathBuf> {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-    var("JITKEY_CACHE_DIR")
-        .or_else(|| var("XDG_CACHE_HOME").map(|p| p.join("jitkey")))
-        .or_else(|| var("HOME").map(|p| p.join(".cache").join("jitkey")))
-}
-
-/// A lock that can be replaced in a forked child. After `fork()` only the forking thread exists:
-/// a lock another thread held at that moment stays held forever in the child. The child-side
-/// fork hook ([`DiskIndex::after_fork_in_child`]) replaces such a lock (and the state it
-/// guarded, which may be half-updated) with a fresh one; the old one is leaked, never dropped.
-pub(super) struct ForkReset<T>(std::cell::UnsafeCell<T>);
-
-// SAFETY: shared access goes through `T` (a Sync lock); `reset` is only called in a forked child
-// while it is single-threaded, with no borrow of the old value alive.
-unsafe impl<T: Sync> Sync for ForkReset<T> {}
-// SAFETY: a `ForkReset<T>` owns its `T` like a plain wrapper; moving it to another thread moves
-// the `T`, which is `Send`.
-unsafe impl<T: Send> Send for ForkReset<T> {}
-
-impl<T> ForkReset<T> {
-    fn new(v: T) -> Self {
-        Self(std::cell::UnsafeCell::new(v))
-    }
-
-    /// # Safety
-    /// Only in a forked child before it starts other threads, with no reference to the old value
-    /// alive (the fork hook runs from the interpreter, outside every `DiskIndex` method).
-    unsafe fn reset(&self, v: T) {
-        // SAFETY: per the contract; the old value is overwritten without being dropped.
-        unsafe { std::ptr::write(self.0.get(), v) }
-    }
-}
-
-impl<T> std::ops::Deref for ForkReset<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        // SAFETY: only `reset` writes, under the contract above.
-        unsafe { &*self.0.get() }
-    }
-}
-
-pub(super) type Overlay = HashMap<Digest, Option<Arc<[u8]>>, DigestHash>;
+use super::api::{DiskError, Mode, Options, Probe, PutOutcome};
+use super::append::{Locked, WriteFail, Writer};
+use super::compact::Compactor;
+#[cfg(feature = "fault-injection")]
+use super::fault::Fault;
+use super::format::{Digest, HeaderError, FORMAT_MAJOR, MAX_VALUE};
+use super::overlay::Overlay;
+use super::shared::Shared;
+use super::stats::Stats;
+use super::trust::{check_dir, open_trusted};
+use super::view::{load_view, Reader};
 
 /// An append-only, crash-safe key → bytes index in one directory, shared by processes.
 ///
 /// Never fails to open: an unusable environment gives [`Mode::ReadOnly`] or [`Mode::Memory`]
 /// with a reason and one warning (see [`DiskIndex::take_warnings`]).
 pub struct DiskIndex {
-    pub(super) dir: PathBuf,
-    pub(super) path: PathBuf,
-    pub(super) lock_path: PathBuf,
-    pub(super) opts: Options,
-    pub(super) view: ForkReset<RwLock<Option<View>>>,
-    pub(super) writer: ForkReset<Mutex<Writer>>,
-    pub(super) overlay: ForkReset<RwLock<Overlay>>,
-    pub(super) overlay_used: AtomicBool,
-    pub(super) overlay_bytes: AtomicU64,
-    pub(super) mode: ForkReset<RwLock<(Mode, String)>>,
-    pub(super) counters: Counters,
-    pub(super) warned: AtomicU8,
-    pub(super) pending: AtomicBool,
-    pub(super) warnings: ForkReset<Mutex<Vec<String>>>,
-    pub(super) closed: AtomicBool,
-    pub(super) base: Instant,
-    pub(super) last_check_ns: AtomicU64,
+    shared: Shared,
+    reader: Reader,
+    writer: Writer,
+    overlay: Overlay,
 }
 
 impl DiskIndex {
     /// Opens (creating if needed) the index in `dir`.
     pub fn open(dir: &Path, opts: Options) -> Self {
         let idx = Self {
-            dir: dir.to_path_buf(),
-            path: dir.join(log_name()),
-            lock_path: dir.join(LOCK_NAME),
-            opts,
-            view: ForkReset::new(RwLock::new(None)),
-            writer: ForkReset::new(Mutex::new(Writer::new())),
-            overlay: ForkReset::new(RwLock::new(Overlay::default())),
-            overlay_used: AtomicBool::new(false),
-            overlay_bytes: AtomicU64::new(0),
-            mode: ForkReset::new(RwLock::new((Mode::Memory, String::new()))),
-            counters: Counters::default(),
-            warned: AtomicU8::new(0),
-            pending: AtomicBool::new(false),
-            warnings: ForkReset::new(Mutex::new(Vec::new())),
-            closed: AtomicBool::new(false),
-            base: Instant::now(),
-            last_check_ns: AtomicU64::new(0),
+            shared: Shared::new(dir, opts),
+            reader: Reader::new(),
+            writer: Writer::new(),
+            overlay: Overlay::new(),
         };
         match idx.open_inner() {
-            Ok((mode, reason)) => idx.set_mode(mode, reason),
-            Err(reason) => idx.set_mode(Mode::Memory, reason),
+            Ok((mode, reason)) => idx.shared.set_mode(mode, reason),
+            Err(reason) => idx.shared.set_mode(Mode::Memory, reason),
         }
         idx
     }
 
-    pub(super) fn writer(&self) -> MutexGuard<'_, Writer> {
-        self.writer.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(super) fn view_mut(&self) -> std::sync::RwLockWriteGuard<'_, Option<View>> {
-        self.view.write().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(super) fn view_ref(&self) -> std::sync::RwLockReadGuard<'_, Option<View>> {
-        self.view.read().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(super) fn now_ns(&self) -> u64 {
-        self.base.elapsed().as_nanos() as u64
-    }
-
-    pub(super) fn touch_check(&self) {
-        self.last_check_ns.store(self.now_ns(), Relaxed);
-    }
-
-    pub(super) fn set_mode(&self, mode: Mode, reason: String) {
-        if mode != Mode::ReadWrite {
-            self.warn(
-                WarningKind::Mode,
-                format!("jitkey DiskIndex at {} runs {}: {reason}", self.dir.display(), mode.as_str()),
-            );
+    fn open_inner(&self) -> Result<(Mode, String), String> {
+        let shared = &self.shared;
+        let (mut rw, mut ro_reason) = check_dir(&shared.dir, &shared.opts)?;
+        if rw {
+            if let Err(e) = self.writer.open_lock(shared) {
+                rw = false;
+                ro_reason = format!("cannot open {} for writing: {e}", shared.lock_path.display());
+            }
         }
-        *self.mode.write().unwrap_or_else(|p| p.into_inner()) = (mode, reason);
+        for _ in 0..4 {
+            match open_trusted(&shared.path, false, false) {
+                Ok(f) => match load_view(f) {
+                    Ok(view) => {
+                        if rw {
+                            if let Err(e) = open_trusted(&shared.path, true, false) {
+                                rw = false;
+                                ro_reason = format!("cannot open {} for writing: {e}", shared.path.display());
+                            }
+                        }
+                        *self.reader.view_mut() = Some(view);
+                        self.reader.touch_check();
+                        return Ok(if rw {
+                            (Mode::ReadWrite, String::new())
+                        } else {
+                            (Mode::ReadOnly, ro_reason)
+                        });
+                    }
+                    Err(Ok(HeaderError::Foreign)) => {
+                        return Err(format!(
+                            "{} is not a jitkey index; left untouched",
+                            shared.path.display()
+                        ))
+                    }
+                    Err(Ok(HeaderError::UnknownMajor(m))) => {
+                        return Err(format!(
+                            "{} has format major {m}, this jitkey reads {FORMAT_MAJOR}; left untouched",
+                            shared.path.display()
+                        ))
+                    }
+                    Err(Ok(HeaderError::Corrupt)) if rw => {
+                        self.with_lock(|l| Compactor::new(l).quarantine_and_create())
+                            .map_err(|e| self.fail_reason(e))?;
+                    }
+                    Err(Ok(HeaderError::Corrupt)) => {
+                        return Err(format!("{} has a damaged header and {ro_reason}", shared.path.display()))
+                    }
+                    Err(Err(e)) => return Err(format!("cannot read {}: {e}", shared.path.display())),
+                },
+                Err(e) if e.kind() == io::ErrorKind::NotFound && rw => {
+                    self.with_lock(|l| Compactor::new(l).create_if_missing())
+                        .map_err(|e| self.fail_reason(e))?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(format!("no index at {} and {ro_reason}", shared.path.display()))
+                }
+                Err(e) => return Err(format!("cannot open {}: {e}", shared.path.display())),
+            }
+        }
+        Err(format!("{} keeps changing under us", shared.path.display()))
     }
 
-    pub(super) fn warn(&self, kind: WarningKind, msg: String) {
-        let bit = 1u8 << (kind as u8);
-        if self.warned.fetch_or(bit, Relaxed) & bit == 0 {
-            self.warnings.lock().unwrap_or_else(|p| p.into_inner()).push(msg);
-            self.pending.store(true, Relaxed);
+    fn fail_reason(&self, e: WriteFail) -> String {
+        match e {
+            WriteFail::Timeout => format!("timed out waiting for {}", self.shared.lock_path.display()),
+            WriteFail::Closed => "closed while opening".to_owned(),
+            WriteFail::Io(e) => format!("cannot create {}: {e}", self.shared.path.display()),
         }
     }
 
-    pub(super) fn check_open(&self) -> Result<(), DiskError> {
-        if self.closed.load(Relaxed) {
-            Err(DiskError::Closed)
-        } else {
-            Ok(())
+    /// Runs `f` holding the in-process writer mutex and the exclusive file lock.
+    fn with_lock<R>(&self, f: impl FnOnce(&mut Locked<'_>) -> Result<R, WriteFail>) -> Result<R, WriteFail> {
+        f(&mut self.writer.lock(&self.shared, &self.reader)?)
+    }
+
+    /// Looks `key` up without any I/O. `final_probe` turns `Refresh` into `Miss` (and counts it).
+    pub fn probe<R>(
+        &self,
+        key: &Digest,
+        final_probe: bool,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Probe<R>, DiskError> {
+        self.shared.check_open()?;
+        match self.overlay.probe(key, &self.shared.counters, f) {
+            Ok(p) => Ok(p),
+            Err(f) => Ok(self.reader.probe(&self.shared, key, final_probe, f)),
         }
+    }
+
+    /// A full lookup (probe, refresh on miss or when stale, probe again); copies the value.
+    pub fn get(&self, key: &Digest) -> Result<Option<Vec<u8>>, DiskError> {
+        match self.probe(key, false, <[u8]>::to_vec)? {
+            Probe::Hit(v) => Ok(Some(v)),
+            Probe::Miss => Ok(None),
+            Probe::Refresh => {
+                self.refresh();
+                match self.probe(key, true, <[u8]>::to_vec)? {
+                    Probe::Hit(v) => Ok(Some(v)),
+                    _ => Ok(None),
+                }
+            }
+        }
+    }
+
+    /// Brings this process's view up to date with the file: new appends, or a new file after
+    /// another process compacted. Lock-free; never repairs anything; errors leave the view as is.
+    pub fn refresh(&self) {
+        self.reader.refresh(&self.shared);
+    }
+
+    /// Whether `key` has a value (a [`get`](Self::get) that drops the value).
+    pub fn contains(&self, key: &Digest) -> Result<bool, DiskError> {
+        Ok(self.get(key)?.is_some())
+    }
+
+    /// The number of live keys this process sees (file plus memory-only entries).
+    pub fn len(&self) -> Result<usize, DiskError> {
+        self.shared.check_open()?;
+        let guard = self.reader.view();
+        let base = guard.as_ref().map_or(0, |v| v.len());
+        Ok(self.overlay.len(base, |k| guard.as_ref().is_some_and(|view| view.contains(k))))
+    }
+
+    /// Whether [`len`](Self::len) is 0.
+    pub fn is_empty(&self) -> Result<bool, DiskError> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Stores `value` under `key`. `memory_only` in the outcome says the file could not take it
+    /// (it is served from this process's memory only and would not survive the process).
+    pub fn put(&self, key: &Digest, value: &[u8]) -> Result<PutOutcome, DiskError> {
+        self.put_many(&[(*key, value)])
+    }
+
+    /// Stores a batch with one lock acquisition and one write. Values over [`MAX_VALUE`] are
+    /// refused before anything is written. Environment failures keep the batch in memory.
+    pub fn put_many(&self, items: &[(Digest, &[u8])]) -> Result<PutOutcome, DiskError> {
+        self.shared.check_open()?;
+        if let Some((index, (_, v))) = items.iter().enumerate().find(|(_, (_, v))| v.len() > MAX_VALUE) {
+            return Err(DiskError::ValueTooLarge { index, len: v.len() });
+        }
+        let ops: Vec<(Digest, Option<&[u8]>)> = items.iter().map(|(k, v)| (*k, Some(*v))).collect();
+        self.write_ops(&ops)
+    }
+
+    /// Removes `key` (a tombstone record). Returns whether it was present.
+    pub fn delete(&self, key: &Digest) -> Result<bool, DiskError> {
+        let present = self.contains(key)?;
+        if present {
+            self.write_ops(&[(*key, None)])?;
+        }
+        Ok(present)
+    }
+
+    fn write_ops(&self, ops: &[(Digest, Option<&[u8]>)]) -> Result<PutOutcome, DiskError> {
+        let mut out = PutOutcome::default();
+        if ops.is_empty() {
+            return Ok(out);
+        }
+        let to_memory = |out: &mut PutOutcome| {
+            for (k, v) in ops {
+                self.overlay.put(k, *v, self.shared.opts.max_bytes, &self.shared.counters);
+            }
+            out.memory_only = ops.len();
+        };
+        if self.shared.mode().0 != Mode::ReadWrite || self.writer.paused() {
+            to_memory(&mut out);
+            return Ok(out);
+        }
+        let res = self.with_lock(|l| {
+            // Twice at most: a write that finds the file shrank under it is redone once on the
+            // rewritten file.
+            for _ in 0..2 {
+                out = PutOutcome::default();
+                Compactor::new(l).sync()?;
+                if l.append(ops, &mut out)? {
+                    break;
+                }
+            }
+            self.shared.counters.dedup_skips.fetch_add(out.deduped as u64, Relaxed);
+            self.overlay.forget(ops.iter().map(|(k, _)| *k));
+            Compactor::new(l).maybe_compact(out.first_seq)
+        });
+        match res {
+            Ok(()) => Ok(out),
+            Err(WriteFail::Closed) => Err(DiskError::Closed),
+            Err(fail) => {
+                self.writer.failed(&self.shared, fail);
+                out = PutOutcome::default();
+                to_memory(&mut out);
+                Ok(out)
+            }
+        }
+    }
+
+    /// Rewrites the live set (oldest entries evicted past the cap) to a new file and renames it
+    /// over the live one.
+    pub fn compact(&self) -> Result<bool, DiskError> {
+        self.rewrite(false)
+    }
+
+    /// Removes every entry (compaction to an empty file) and forgets memory-only entries.
+    pub fn clear(&self) -> Result<bool, DiskError> {
+        self.shared.check_open()?;
+        self.overlay.clear();
+        self.rewrite(true)
+    }
+
+    fn rewrite(&self, empty: bool) -> Result<bool, DiskError> {
+        self.shared.check_open()?;
+        if self.shared.mode().0 != Mode::ReadWrite {
+            return Ok(false);
+        }
+        let res = self.with_lock(|l| {
+            let mut c = Compactor::new(l);
+            c.sync()?;
+            c.compact(empty, 0)
+        });
+        match res {
+            Ok(()) => Ok(true),
+            Err(WriteFail::Closed) => Err(DiskError::Closed),
+            Err(fail) => {
+                self.writer.failed(&self.shared, fail);
+                Ok(false)
+            }
+        }
+    }
+
+    /// A snapshot of the counters and of the view (entries, sizes, generation).
+    pub fn stats(&self) -> Stats {
+        self.shared.counters.snapshot(self.reader.numbers())
     }
 
     /// Warnings raised since the last call (each kind at most once per index).
     pub fn take_warnings(&self) -> Vec<String> {
-        if !self.pending.swap(false, Relaxed) {
-            return Vec::new();
-        }
-        std::mem::take(&mut *self.warnings.lock().unwrap_or_else(|p| p.into_inner()))
+        self.shared.take_warnings()
     }
 
     /// Whether [`take_warnings`](Self::take_warnings) has something (one relaxed load).
     pub fn has_warnings(&self) -> bool {
-        self.pending.load(Relaxed)
+        self.shared.has_warnings()
     }
 
     /// The mode the index runs in, and why it is not [`Mode::ReadWrite`] (empty when it is).
     pub fn mode(&self) -> (Mode, String) {
-        self.mode.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.shared.mode()
     }
 
     /// The log file (`<dir>/index.v1.jki`).
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.shared.path
     }
 
     /// The directory the index lives in.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        &self.shared.dir
     }
 
     /// The options it was opened with.
     pub fn options(&self) -> &Options {
-        &self.opts
+        &self.shared.opts
     }
 
     /// Flushes appended data to stable storage (`fdatasync`), whatever the durability mode.
     pub fn sync(&self) -> Result<(), DiskError> {
-        self.check_open()?;
-        if let Some(v) = self.view_ref().as_ref() {
-            let _ = v.file.sync_data();
+        self.shared.check_open()?;
+        if let Some(v) = self.reader.view().as_ref() {
+            let _ = v.sync_data();
         }
         Ok(())
     }
@@ -349,18 +335,20 @@ impl DiskIndex {
     /// writer mutex); operations that start later get [`DiskError::Closed`]; lock-free readers
     /// hold their own reference to the mapping.
     pub fn close(&self) {
-        let mut w = self.writer();
-        self.closed.store(true, Relaxed);
-        *self.view_mut() = None;
-        w.wfile = None;
-        w.lock = None;
-        drop(w);
-        self.overlay.write().unwrap_or_else(|p| p.into_inner()).clear();
+        self.writer.close(&self.shared, &self.reader);
+        self.overlay.clear();
     }
 
     /// Whether [`close`](Self::close) ran.
     pub fn is_closed(&self) -> bool {
-        self.closed.load(Relaxed)
+        self.shared.is_closed()
+    }
+
+    /// Arms a crash point: the `after`-th time (0 = next) the process reaches `fault`, it
+    /// SIGKILLs itself. Only for the crash tests; only with the `fault-injection` feature.
+    #[cfg(feature = "fault-injection")]
+    pub fn arm_fault(&self, fault: Fault, after: u32) {
+        self.writer.arm_fault(fault, after);
     }
 
     /// Call in a forked child, before it starts threads (jitkey's binding registers it with
@@ -373,32 +361,20 @@ impl DiskIndex {
     /// Only in the child right after `fork()`, while it is single-threaded, and not from inside
     /// any method of this index.
     pub unsafe fn after_fork_in_child(&self) {
-        use std::sync::TryLockError::WouldBlock;
-        // Every reset below relies on the caller's contract: a single-threaded child, called from
-        // outside every method of this index, so no borrow of the old value is alive.
-        if matches!(self.writer.try_lock(), Err(WouldBlock)) {
-            // SAFETY: the contract above; the writer mutex was held by a thread that no longer exists.
-            unsafe { self.writer.reset(Mutex::new(Writer::new())) };
-        }
-        if matches!(self.overlay.try_write(), Err(WouldBlock)) {
-            // SAFETY: the contract above; the overlay lock was held by a vanished thread.
-            unsafe { self.overlay.reset(RwLock::new(Overlay::default())) };
-            self.overlay_bytes.store(0, Relaxed);
-        }
-        if matches!(self.mode.try_write(), Err(WouldBlock)) {
-            // SAFETY: the contract above; the mode lock was held by a vanished thread.
-            unsafe { self.mode.reset(RwLock::new((Mode::ReadOnly, "reset after fork".to_owned()))) };
-        }
-        if matches!(self.warnings.try_lock(), Err(WouldBlock)) {
-            // SAFETY: the contract above; the warnings mutex was held by a vanished thread.
-            unsafe { self.warnings.reset(Mutex::new(Vec::new())) };
-        }
-        if matches!(self.view.try_write(), Err(WouldBlock)) {
-            // SAFETY: the contract above; the view lock was held by a vanished thread.
-            unsafe { self.view.reset(RwLock::new(None)) };
-            if !self.closed.load(Relaxed) && !self.reopen_view() {
-                self.set_mode(Mode::Memory, "the index could not be reloaded after fork".to_owned());
-            }
+        // Every part's reset relies on the caller's contract: a single-threaded child, called from
+        // outside every method of this index, so no borrow of an old value is alive.
+        // SAFETY: the contract above, which is the writer's.
+        unsafe { self.writer.after_fork_in_child() };
+        // SAFETY: the contract above, which is the overlay's.
+        unsafe { self.overlay.after_fork_in_child() };
+        // SAFETY: the contract above, which is the mode's and warnings'.
+        unsafe { self.shared.after_fork_in_child() };
+        // SAFETY: the contract above, which is the view's.
+        if unsafe { self.reader.after_fork_in_child() }
+            && !self.shared.is_closed()
+            && !self.reader.reopen(&self.shared)
+        {
+            self.shared.set_mode(Mode::Memory, "the index could not be reloaded after fork".to_owned());
         }
     }
 }

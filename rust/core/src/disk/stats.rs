@@ -1,11 +1,10 @@
 //! The counters every index keeps, and the [`Stats`] snapshot `DiskIndex::stats` returns.
 //!
 //! Invariant: counters are observations, never decisions. They are relaxed atomics bumped next to
-//! the event they count and read only by [`DiskIndex::stats`]; no code path branches on them.
+//! the event they count and read only by [`DiskIndex::stats`](super::DiskIndex::stats); no code
+//! path branches on them.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-
-use super::index::DiskIndex;
 
 /// A snapshot of one index's counters (this process's view; what `jitkey.DiskIndex.stats()` and
 /// `jitkey cache info` report).
@@ -46,7 +45,8 @@ pub struct Stats {
     /// Times the view moved to a new file (another process's compaction, a replacement).
     pub reopens: u64,
     /// Times this process found the file shorter than what it had validated (see
-    /// [`DiskIndex::refresh`]); the view was rebuilt, and a writer rewrote the file.
+    /// [`DiskIndex::refresh`](super::DiskIndex::refresh)); the view was rebuilt, and a writer
+    /// rewrote the file.
     pub shrinks_seen: u64,
     /// Live keys in the file as this process sees it (memory-only entries excluded).
     pub entries: u64,
@@ -80,6 +80,15 @@ pub(super) struct Counters {
     pub(super) lock_wait: [AtomicU64; 32],
 }
 
+/// What the view contributes to a [`Stats`] snapshot (zeros without a view).
+#[derive(Clone, Copy, Default)]
+pub(super) struct ViewNumbers {
+    pub(super) entries: u64,
+    pub(super) file_bytes: u64,
+    pub(super) live_bytes: u64,
+    pub(super) generation: u64,
+}
+
 impl Counters {
     fn percentile(&self, q: f64) -> u64 {
         let counts: Vec<u64> = self.lock_wait.iter().map(|c| c.load(Relaxed)).collect();
@@ -97,16 +106,11 @@ impl Counters {
         }
         1u64 << 31
     }
-}
 
-impl DiskIndex {
-    /// A snapshot of the counters and of the view (entries, sizes, generation).
-    pub fn stats(&self) -> Stats {
-        let c = &self.counters;
-        let (entries, file_bytes, live_bytes, generation) = self
-            .view_ref()
-            .as_ref()
-            .map_or((0, 0, 0, 0), |v| (v.keydir.len() as u64, v.end, v.live_bytes, v.generation));
+    /// A snapshot of the counters, with the view's numbers.
+    pub(super) fn snapshot(&self, view: ViewNumbers) -> Stats {
+        let c = self;
+        let ViewNumbers { entries, file_bytes, live_bytes, generation } = view;
         Stats {
             hits: c.hits.load(Relaxed),
             misses: c.misses.load(Relaxed),

@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use rustix::fs::{flock, FlockOperation};
 
+use super::api::{log_name, Access, DiskError, Mode, Options, LOCK_NAME};
 use super::compact::now_unix_ns;
 use super::format::{encode_record, Digest, Header, FORMAT_MAJOR, MAX_VALUE, TYPE_PUT};
-use super::index::{log_name, Access, DiskError, DiskIndex, Mode, Options, LOCK_NAME};
+use super::index::DiskIndex;
 
 fn k(i: u32) -> Digest {
     crate::key::digest(&i.to_le_bytes())

@@ -1,4 +1,5 @@
-//! What decides the mode an index runs in, and which files it may touch at all.
+//! What decides the mode an index runs in (the checks of the directory and its filesystem, which
+//! the index runs when it opens), and how every index file is opened.
 //!
 //! Invariant: nothing another user could have planted is trusted. The directory must be this
 //! user's own and not writable by others (a sticky shared one such as `/tmp` only when the caller
@@ -6,17 +7,15 @@
 //! following a symlink or blocking on a FIFO, and checked on its descriptor (regular file, owned by
 //! this user), so nothing can be swapped in between the check and the use; a filesystem where
 //! `flock` and mmap are not coherent between hosts (NFS, SMB, FUSE, ...) is read-only. Any doubt
-//! picks a weaker mode with a reason ([`Mode::ReadOnly`], [`Mode::Memory`]), never an error.
+//! picks a weaker mode with a reason ([`Mode::ReadOnly`](super::Mode::ReadOnly),
+//! [`Mode::Memory`](super::Mode::Memory)), never an error.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
-use super::append::WriteFail;
-use super::format::{HeaderError, FORMAT_MAJOR};
-use super::index::{Access, DiskIndex, Mode};
-use super::view::load_view;
+use super::api::{Access, Options};
 
 /// Opens `path` the way every index file is opened: without following a symlink, without
 /// blocking (a FIFO planted under our name), and accepted only if the descriptor is a regular
@@ -69,107 +68,49 @@ fn network_fs(_dir: &Path) -> Option<&'static str> {
     None
 }
 
-impl DiskIndex {
-    pub(super) fn open_inner(&self) -> Result<(Mode, String), String> {
-        if self.opts.access == Access::Memory {
-            return Err("disk index disabled (access=memory, e.g. JITKEY_DISK_CACHE=0)".into());
-        }
-        let dir = &self.dir;
-        if let Err(e) = fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
-            return Err(format!("cannot create {}: {e}", dir.display()));
-        }
-        let meta = fs::metadata(dir).map_err(|e| format!("cannot stat {}: {e}", dir.display()))?;
-        let euid = rustix::process::geteuid().as_raw();
-        if meta.uid() != euid {
-            return Err(format!(
-                "{} is owned by uid {}, not by this user (uid {euid}); not trusting its contents",
-                dir.display(),
-                meta.uid()
-            ));
-        }
-        if meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0 {
-            return Err(format!(
-                "{} is group- or world-writable (mode {:o}) without the sticky bit; not trusting its contents",
-                dir.display(),
-                meta.mode() & 0o7777
-            ));
-        }
-        if meta.mode() & 0o022 != 0 && !self.opts.trust_sticky_dir {
-            return Err(format!(
-                "{} is group- or world-writable (mode {:o}, sticky): other users can plant files there; \
-                 not trusting its contents (name the directory explicitly to use it)",
-                dir.display(),
-                meta.mode() & 0o7777
-            ));
-        }
-        let mut rw = self.opts.access == Access::ReadWrite;
-        let mut ro_reason = if rw { String::new() } else { "read-only requested".to_owned() };
-        if let Some(fs_name) = network_fs(dir).filter(|_| rw) {
-            rw = false;
-            ro_reason = format!(
-                "{} is on a network filesystem ({fs_name}); flock/mmap are not coherent there",
-                dir.display()
-            );
-        }
-        if rw {
-            let mut w = self.writer();
-            if let Err(e) = self.open_lock(&mut w) {
-                rw = false;
-                ro_reason = format!("cannot open {} for writing: {e}", self.lock_path.display());
-            }
-        }
-        for _ in 0..4 {
-            match open_trusted(&self.path, false, false) {
-                Ok(f) => match load_view(f) {
-                    Ok(view) => {
-                        if rw {
-                            if let Err(e) = open_trusted(&self.path, true, false) {
-                                rw = false;
-                                ro_reason = format!("cannot open {} for writing: {e}", self.path.display());
-                            }
-                        }
-                        *self.view_mut() = Some(view);
-                        self.touch_check();
-                        return Ok(if rw {
-                            (Mode::ReadWrite, String::new())
-                        } else {
-                            (Mode::ReadOnly, ro_reason)
-                        });
-                    }
-                    Err(Ok(HeaderError::Foreign)) => {
-                        return Err(format!("{} is not a jitkey index; left untouched", self.path.display()))
-                    }
-                    Err(Ok(HeaderError::UnknownMajor(m))) => {
-                        return Err(format!(
-                            "{} has format major {m}, this jitkey reads {FORMAT_MAJOR}; left untouched",
-                            self.path.display()
-                        ))
-                    }
-                    Err(Ok(HeaderError::Corrupt)) if rw => {
-                        self.locked(|w| self.quarantine_and_create(w)).map_err(|e| self.fail_reason(e))?;
-                    }
-                    Err(Ok(HeaderError::Corrupt)) => {
-                        return Err(format!("{} has a damaged header and {ro_reason}", self.path.display()))
-                    }
-                    Err(Err(e)) => return Err(format!("cannot read {}: {e}", self.path.display())),
-                },
-                Err(e) if e.kind() == io::ErrorKind::NotFound && rw => {
-                    self.locked(|w| self.create_if_missing(w)).map_err(|e| self.fail_reason(e))?;
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    return Err(format!("no index at {} and {ro_reason}", self.path.display()))
-                }
-                Err(e) => return Err(format!("cannot open {}: {e}", self.path.display())),
-            }
-        }
-        Err(format!("{} keeps changing under us", self.path.display()))
+/// Checks the directory itself, creating it if needed (this user's own, not writable by others
+/// unless sticky and named by the caller) and whether its filesystem keeps `flock` and mmap
+/// coherent. `Ok((writable, why_not))`: whether writing may be tried, and why not; `Err(reason)`:
+/// the directory is not to be used at all (memory-only).
+pub(super) fn check_dir(dir: &Path, opts: &Options) -> Result<(bool, String), String> {
+    if opts.access == Access::Memory {
+        return Err("disk index disabled (access=memory, e.g. JITKEY_DISK_CACHE=0)".into());
     }
-
-    fn fail_reason(&self, e: WriteFail) -> String {
-        match e {
-            WriteFail::Timeout => format!("timed out waiting for {}", self.lock_path.display()),
-            WriteFail::Closed => "closed while opening".to_owned(),
-            WriteFail::Io(e) => format!("cannot create {}: {e}", self.path.display()),
-        }
+    if let Err(e) = fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+        return Err(format!("cannot create {}: {e}", dir.display()));
     }
+    let meta = fs::metadata(dir).map_err(|e| format!("cannot stat {}: {e}", dir.display()))?;
+    let euid = rustix::process::geteuid().as_raw();
+    if meta.uid() != euid {
+        return Err(format!(
+            "{} is owned by uid {}, not by this user (uid {euid}); not trusting its contents",
+            dir.display(),
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0 {
+        return Err(format!(
+            "{} is group- or world-writable (mode {:o}) without the sticky bit; not trusting its contents",
+            dir.display(),
+            meta.mode() & 0o7777
+        ));
+    }
+    if meta.mode() & 0o022 != 0 && !opts.trust_sticky_dir {
+        return Err(format!(
+            "{} is group- or world-writable (mode {:o}, sticky): other users can plant files there; \
+             not trusting its contents (name the directory explicitly to use it)",
+            dir.display(),
+            meta.mode() & 0o7777
+        ));
+    }
+    let mut rw = opts.access == Access::ReadWrite;
+    let mut ro_reason = if rw { String::new() } else { "read-only requested".to_owned() };
+    if let Some(fs_name) = network_fs(dir).filter(|_| rw) {
+        rw = false;
+        ro_reason = format!(
+            "{} is on a network filesystem ({fs_name}); flock/mmap are not coherent there",
+            dir.display()
+        );
+    }
+    Ok((rw, ro_reason))
 }

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use rustix::fs::{flock, FlockOperation};
 
+use super::api::{log_name, LOCK_NAME};
 use super::format::{Header, HeaderError, HEADER_LEN, TYPE_PUT, TYPE_TOMBSTONE};
-use super::index::{log_name, LOCK_NAME};
 use super::trust::open_trusted;
 use super::view::{read_full_at, scan};
 

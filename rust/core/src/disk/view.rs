@@ -1,10 +1,14 @@
-//! The reader's view of the log: an index of the validated records (key → offset), the mmap they
-//! are read from, and the lock-free read path (`probe`, `get`, `refresh`, `len`).
+//! The reader's view of the log: an index of the validated records (key → offset) and the mmap
+//! they are read from ([`View`]), and the lock-free read path over it ([`Reader`]: `probe`,
+//! `refresh`, `reopen`).
 //!
 //! Invariants:
 //! * Readers never repair. New bytes are read with `pread` into a private buffer and validated
 //!   there; an invalid or incomplete tail means "not yet" and is left for the lock holder (see
-//!   `append`), never touched by a reader.
+//!   `append`), never touched by a reader. This is a matter of types: a view holds only a
+//!   read-only descriptor, private to this module (no method hands it out), and neither `View`
+//!   nor `Reader` has a method that writes, pads or renames a file; the write descriptor and the
+//!   file lock belong to the writer (`append`).
 //! * The mapping is only sliced below the validated end, and a get copies the record out and
 //!   re-validates the copy (magic, length, key, checksum) before returning its value, so a damaged,
 //!   shrunk or replaced file gives a miss, never a wrong value. A page lost to a shrink reads as
@@ -16,14 +20,17 @@ use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Instant;
 
+use super::api::Probe;
 use super::format::{
     parse_record, Digest, Header, HeaderError, HEADER_LEN, MAGIC, MAX_RECORD, TYPE_PUT, TYPE_TOMBSTONE,
 };
-use super::index::{DiskError, DiskIndex, Probe};
+use super::shared::{ForkReset, Shared};
 use super::sigbus;
+use super::stats::ViewNumbers;
 use super::trust::open_trusted;
 
 /// The size of one `pread` when scanning new bytes (and of compaction's write buffer).
@@ -80,19 +87,77 @@ impl std::hash::Hasher for DigestHasher {
 pub(super) type KeyDir = HashMap<Digest, Loc, DigestHash>;
 pub(super) type Ident = (u64, u64);
 
+/// One inode of the log as this process validated it. Its fields are private: the only changes
+/// are indexing more validated bytes (`extend`, `apply_written`) and starting over (`forget_all`).
 pub(super) struct View {
-    pub(super) file: Arc<File>,
-    pub(super) ident: Ident,
-    pub(super) map: Option<Arc<sigbus::GuardedMap>>,
+    /// Opened read-only, and never handed out of this module.
+    file: Arc<File>,
+    ident: Ident,
+    map: Option<Arc<sigbus::GuardedMap>>,
     /// End of the validated prefix of the file.
-    pub(super) end: u64,
-    pub(super) generation: u64,
-    pub(super) keydir: KeyDir,
-    pub(super) live_bytes: u64,
-    pub(super) max_seq: u64,
+    end: u64,
+    generation: u64,
+    keydir: KeyDir,
+    live_bytes: u64,
+    max_seq: u64,
 }
 
 impl View {
+    /// The inode this view follows.
+    pub(super) fn ident(&self) -> Ident {
+        self.ident
+    }
+
+    /// The end of the validated prefix of the file.
+    pub(super) fn end(&self) -> u64 {
+        self.end
+    }
+
+    /// The file's generation (one more per compaction).
+    pub(super) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Bytes of the live records.
+    pub(super) fn live_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+
+    /// The highest sequence number indexed.
+    pub(super) fn max_seq(&self) -> u64 {
+        self.max_seq
+    }
+
+    /// Where the live record of `key` is.
+    pub(super) fn loc(&self, key: &Digest) -> Option<Loc> {
+        self.keydir.get(key).copied()
+    }
+
+    /// Whether `key` has a live record.
+    pub(super) fn contains(&self, key: &Digest) -> bool {
+        self.keydir.contains_key(key)
+    }
+
+    /// The number of live keys.
+    pub(super) fn len(&self) -> usize {
+        self.keydir.len()
+    }
+
+    /// Every live key and where its record is, in no particular order.
+    pub(super) fn locs(&self) -> impl Iterator<Item = (&Digest, &Loc)> {
+        self.keydir.iter()
+    }
+
+    /// The file's current size, read on the view's own descriptor.
+    pub(super) fn file_len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+
+    /// `fdatasync` of the file (what the writer appended through its own descriptor).
+    pub(super) fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
     /// Copies the record at `loc` out of the mapping, re-validates the copy against `key` and
     /// calls `f(record bytes, value)` on it; `None` if the bytes changed. Validating the copy (not
     /// the mapping) means a foreign writer or a shrinking file can give a miss, never a value that
@@ -159,7 +224,7 @@ impl View {
     }
 
     /// Drops everything indexed: the next [`extend`](Self::extend) rescans from the header.
-    fn forget_all(&mut self) {
+    pub(super) fn forget_all(&mut self) {
         self.keydir.clear();
         self.live_bytes = 0;
         self.end = HEADER_LEN as u64;
@@ -268,97 +333,106 @@ pub(super) fn load_view(file: File) -> Result<View, Result<HeaderError, io::Erro
     Ok(view)
 }
 
-impl DiskIndex {
-    /// Looks `key` up without any I/O. `final_probe` turns `Refresh` into `Miss` (and counts it).
-    pub fn probe<R>(
+/// The read side of an index: the view, and when it last checked the file. Every method is
+/// lock-free with respect to the file (no `flock`) and none writes a file (see the module doc).
+pub(super) struct Reader {
+    view: ForkReset<RwLock<Option<View>>>,
+    base: Instant,
+    last_check_ns: AtomicU64,
+}
+
+impl Reader {
+    pub(super) fn new() -> Self {
+        Self {
+            view: ForkReset::new(RwLock::new(None)),
+            base: Instant::now(),
+            last_check_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// The view (`None`: memory mode, or closed).
+    pub(super) fn view(&self) -> RwLockReadGuard<'_, Option<View>> {
+        self.view.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The view, to replace it or index more validated bytes into it.
+    pub(super) fn view_mut(&self) -> RwLockWriteGuard<'_, Option<View>> {
+        self.view.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.base.elapsed().as_nanos() as u64
+    }
+
+    /// Records that the view was just checked against the file.
+    pub(super) fn touch_check(&self) {
+        self.last_check_ns.store(self.now_ns(), Relaxed);
+    }
+
+    /// Looks `key` up in the view without any I/O. `final_probe` turns `Refresh` into `Miss` (and
+    /// counts it).
+    #[inline]
+    pub(super) fn probe<R>(
         &self,
+        shared: &Shared,
         key: &Digest,
         final_probe: bool,
         f: impl FnOnce(&[u8]) -> R,
-    ) -> Result<Probe<R>, DiskError> {
-        self.check_open()?;
-        if self.overlay_used.load(Relaxed) {
-            let ov = self.overlay.read().unwrap_or_else(|p| p.into_inner());
-            match ov.get(key) {
-                Some(Some(v)) => {
-                    self.counters.hits.fetch_add(1, Relaxed);
-                    return Ok(Probe::Hit(f(v)));
-                }
-                Some(None) => {
-                    self.counters.misses.fetch_add(1, Relaxed);
-                    return Ok(Probe::Miss);
-                }
-                None => {}
-            }
-        }
+    ) -> Probe<R> {
+        let counters = &shared.counters;
         let stale = !final_probe
             && self.now_ns().saturating_sub(self.last_check_ns.load(Relaxed))
-                > self.opts.refresh_interval.as_nanos() as u64;
+                > shared.opts.refresh_interval.as_nanos() as u64;
         {
-            let guard = self.view_ref();
+            let guard = self.view();
             if let Some(view) = guard.as_ref() {
                 if let Some(&loc) = view.keydir.get(key) {
                     if stale {
-                        return Ok(Probe::Refresh);
+                        return Probe::Refresh;
                     }
                     if let Some(r) = view.with_record(key, loc, |_, v| f(v)) {
-                        self.counters.hits.fetch_add(1, Relaxed);
-                        return Ok(Probe::Hit(r));
+                        counters.hits.fetch_add(1, Relaxed);
+                        return Probe::Hit(r);
                     }
-                    self.counters.corrupt_records_skipped.fetch_add(1, Relaxed);
+                    counters.corrupt_records_skipped.fetch_add(1, Relaxed);
                 }
             } else if !final_probe {
                 // Memory mode: nothing to refresh.
-                self.counters.misses.fetch_add(1, Relaxed);
-                return Ok(Probe::Miss);
+                counters.misses.fetch_add(1, Relaxed);
+                return Probe::Miss;
             }
         }
         if final_probe {
-            self.counters.misses.fetch_add(1, Relaxed);
-            Ok(Probe::Miss)
+            counters.misses.fetch_add(1, Relaxed);
+            Probe::Miss
         } else {
-            Ok(Probe::Refresh)
+            Probe::Refresh
         }
     }
 
-    /// A full lookup (probe, refresh on miss or when stale, probe again); copies the value.
-    pub fn get(&self, key: &Digest) -> Result<Option<Vec<u8>>, DiskError> {
-        match self.probe(key, false, <[u8]>::to_vec)? {
-            Probe::Hit(v) => Ok(Some(v)),
-            Probe::Miss => Ok(None),
-            Probe::Refresh => {
-                self.refresh();
-                match self.probe(key, true, <[u8]>::to_vec)? {
-                    Probe::Hit(v) => Ok(Some(v)),
-                    _ => Ok(None),
-                }
-            }
-        }
-    }
-
-    /// Brings this process's view up to date with the file: new appends, or a new file after
-    /// another process compacted. Lock-free; never repairs anything; errors leave the view as is.
-    pub fn refresh(&self) {
-        if self.closed.load(Relaxed) {
+    /// Brings the view up to date with the file: new appends, or a new file after another
+    /// process compacted. Lock-free; never repairs anything; errors leave the view as is.
+    pub(super) fn refresh(&self, shared: &Shared) {
+        if shared.is_closed() {
             return;
         }
         self.touch_check();
-        let (ident, end, file) = match self.view_ref().as_ref() {
+        let (ident, end, file) = match self.view().as_ref() {
             Some(v) => (v.ident, v.end, Arc::clone(&v.file)),
             None => return,
         };
-        self.counters.refreshes.fetch_add(1, Relaxed);
-        let Ok(meta) = fs::metadata(&self.path) else { return };
+        shared.counters.refreshes.fetch_add(1, Relaxed);
+        let Ok(meta) = fs::metadata(&shared.path) else { return };
         if ident_of(&meta) != ident {
-            self.reopen_view();
+            self.reopen(shared);
             return;
         }
         let Ok(size) = file.metadata().map(|m| m.len()) else { return };
         if size < end {
             // The file shrank under us (a truncation, a copy over it): what we indexed past its
             // end is gone. Start over from the file as it is now.
-            self.counters.shrinks_seen.fetch_add(1, Relaxed);
-            if !self.reopen_view() {
+            shared.counters.shrinks_seen.fetch_add(1, Relaxed);
+            if !self.reopen(shared) {
                 let mut guard = self.view_mut();
                 if let Some(view) = guard.as_mut().filter(|v| v.ident == ident) {
                     view.forget_all();
@@ -374,47 +448,42 @@ impl DiskIndex {
         }
     }
 
-    /// Replaces the view with the file now at `path` (if it is a valid index).
-    pub(super) fn reopen_view(&self) -> bool {
-        let Ok(f) = open_trusted(&self.path, false, false) else { return false };
+    /// Replaces the view with the file now at the index's path (if it is a valid index).
+    pub(super) fn reopen(&self, shared: &Shared) -> bool {
+        let Ok(f) = open_trusted(&shared.path, false, false) else { return false };
         match load_view(f) {
             Ok(v) => {
                 *self.view_mut() = Some(v);
-                self.counters.reopens.fetch_add(1, Relaxed);
+                shared.counters.reopens.fetch_add(1, Relaxed);
                 true
             }
             Err(_) => false,
         }
     }
 
-    /// Whether `key` has a value (a [`get`](Self::get) that drops the value).
-    pub fn contains(&self, key: &Digest) -> Result<bool, DiskError> {
-        Ok(self.get(key)?.is_some())
+    /// What the view contributes to [`Stats`](super::Stats).
+    pub(super) fn numbers(&self) -> ViewNumbers {
+        self.view().as_ref().map_or(ViewNumbers::default(), |v| ViewNumbers {
+            entries: v.keydir.len() as u64,
+            file_bytes: v.end,
+            live_bytes: v.live_bytes,
+            generation: v.generation,
+        })
     }
 
-    /// The number of live keys this process sees (file plus memory-only entries).
-    pub fn len(&self) -> Result<usize, DiskError> {
-        self.check_open()?;
-        let guard = self.view_ref();
-        let base = guard.as_ref().map_or(0, |v| v.keydir.len());
-        if !self.overlay_used.load(Relaxed) {
-            return Ok(base);
+    /// Replaces the view lock if a vanished thread of the parent held it; `true` when it did (the
+    /// view is then gone and the caller reloads it).
+    ///
+    /// # Safety
+    /// The contract of [`DiskIndex::after_fork_in_child`](super::DiskIndex::after_fork_in_child):
+    /// a single-threaded child, called from outside every method of this index.
+    pub(super) unsafe fn after_fork_in_child(&self) -> bool {
+        use std::sync::TryLockError::WouldBlock;
+        if matches!(self.view.try_write(), Err(WouldBlock)) {
+            // SAFETY: the contract above; the view lock was held by a vanished thread.
+            unsafe { self.view.reset(RwLock::new(None)) };
+            return true;
         }
-        let ov = self.overlay.read().unwrap_or_else(|p| p.into_inner());
-        let mut n = base as isize;
-        for (k, v) in ov.iter() {
-            let on_disk = guard.as_ref().is_some_and(|view| view.keydir.contains_key(k));
-            match (v.is_some(), on_disk) {
-                (true, false) => n += 1,
-                (false, true) => n -= 1,
-                _ => {}
-            }
-        }
-        Ok(n.max(0) as usize)
-    }
-
-    /// Whether [`len`](Self::len) is 0.
-    pub fn is_empty(&self) -> Result<bool, DiskError> {
-        Ok(self.len()? == 0)
+        false
     }
 }
