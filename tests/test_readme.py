@@ -40,3 +40,19 @@ def test_env_table_lists_every_variable_jitkey_reads() -> None:
     text = README.read_text(encoding="utf-8")
     for name in ENV_VARS:
         assert f"| `{name}`" in text, f"{name} is missing from the README's environment table"
+
+
+def test_every_error_and_warning_is_in_the_errors_table() -> None:
+    """docs/errors.md names every exception and warning of ``jitkey.errors`` (and nothing it does not define)."""
+    import re
+
+    import jitkey.errors
+
+    text = (ROOT / "docs" / "errors.md").read_text(encoding="utf-8")
+    rows = {
+        m
+        for line in text.splitlines()
+        if line.startswith("| `")
+        for m in re.findall(r"`(\w+)`", line.split("|")[1])
+    }
+    assert rows == set(jitkey.errors.__all__)
