@@ -365,10 +365,9 @@ def _tensor_layout_installed() -> bool:
 class _TritonEntry:
     """Private (:mod:`jitkey.triton`): what a launcher hit launches.
 
-    ``plan`` packs and launches the call itself when it understands it; otherwise
-    ``target(gx, gy, gz, stream, function, *mid, launch_metadata, enter_hook, exit_hook, *params)``,
-    then the hit returns ``ck``. ``target`` is ``ck.run`` with ``mid == (packed_metadata,)``, or the
-    CUDA launcher's C ``launch`` with the arguments its ``__call__`` would insert.
+    ``plan`` packs and launches the call itself when it takes it; otherwise ``target(gx, gy, gz, stream,
+    function, packed_metadata, launch_metadata, enter_hook, exit_hook, *params)`` (``target`` is ``ck.run``,
+    called as ``JITFunction.run`` calls it); then the hit returns ``ck``.
     """
 
     def __new__(
@@ -376,7 +375,7 @@ class _TritonEntry:
         ck: object,
         target: Callable[..., Any],
         function: object,
-        mid: tuple[Any, ...],
+        packed_metadata: object,
         kcache: dict[Any, Any] | None = None,
         tkey: object = None,
         plan: _LaunchPlan | None = None,
@@ -389,7 +388,7 @@ class _TritonEntry:
     @property
     def function(self) -> Any: ...
     @property
-    def mid(self) -> tuple[Any, ...]: ...
+    def packed_metadata(self) -> Any: ...
     @property
     def plan(self) -> _LaunchPlan | None: ...
 

@@ -115,7 +115,7 @@ def _compiled_launch(ck: Any, device: int) -> Any:
             ck._init_handles()
             nparams = len(ck.src.signature)
             plan, _why = _installed.launch_plan(ck, ck.run, nparams)
-            entry = _TritonEntry(ck, ck.run, ck.function, (ck.packed_metadata,), None, None, plan)
+            entry = _TritonEntry(ck, ck.run, ck.function, ck.packed_metadata, None, None, plan)
             info = _installed.triton_info()
             out = (entry, rt, info.knobs.runtime, info.HookChain)
         except Exception:  # a kernel jitkey does not understand: LibEntry launches it

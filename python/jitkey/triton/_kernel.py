@@ -451,7 +451,7 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         plan = self._jk_stats.plan_for(ck, len(self.params))
         # Without a plan (or when it declines) a hit calls ck.run as Triton does: run(gx, gy, gz, stream, function,
         # packed_metadata, launch_metadata, enter, exit, *args).
-        return _TritonEntry(ck, run, function, (pm,), *where, plan)
+        return _TritonEntry(ck, run, function, pm, *where, plan)
 
     def _jk_where(self, ck: Any) -> tuple[dict[Any, Any], Any] | None:
         """``(kernel_cache, key)``: where Triton keeps ``ck`` for the current device (see ``_TritonEntry``)."""

@@ -3,8 +3,6 @@
 //! (`crate::dsl`). The library chose `ck` for the 16-byte alignment of each pointer argument, so a
 //! launch whose pointers are aligned otherwise is declined (the plan then asks the library again).
 
-use std::ptr::null_mut;
-
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::intern;
@@ -12,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::pyclass::{PyTraverseError, PyVisit};
 use pyo3::types::PyTuple;
 
-use super::entry::{Entry, MAX_MID};
+use super::entry::Entry;
 use super::pack::Slots;
 use super::plan::Stream;
 use super::{borrowed, call_one, call_with};
@@ -108,16 +106,7 @@ impl CompiledLaunch {
             }
         }
         let stream = stream.object(py)?;
-        let mut head = [null_mut(); 8 + MAX_MID];
-        let fixed = [g0.as_ptr(), g1.as_ptr(), g2.as_ptr(), stream.as_ptr(), e.function.as_ptr()];
-        let hooks = [md.as_ptr(), enter.as_ptr(), exit.as_ptr()];
-        let n_head = fixed.len() + e.mid.len() + hooks.len();
-        head[..5].copy_from_slice(&fixed);
-        for (slot, m) in head[5..].iter_mut().zip(&e.mid) {
-            *slot = m.as_ptr();
-        }
-        head[5 + e.mid.len()..n_head].copy_from_slice(&hooks);
-        call_with(py, e.target.bind(py), &[&head[..n_head], params])?;
+        e.call_target(py, [&g0, &g1, &g2], &stream, [&md, &enter, &exit], params)?;
         Ok(Some(ck.clone()))
     }
 }

@@ -46,7 +46,7 @@ use crate::lru::PyLruCache;
 use crate::signature::{ParamNames, Signature};
 use crate::torch::TorchCurrent;
 use bind::{BoundArgs, KwPlans};
-use entry::{Entry, MAX_MID};
+use entry::Entry;
 use pack::Slots;
 use plan::Stream;
 use state::{Current, Kept, Obj, State};
@@ -335,18 +335,8 @@ impl Launcher {
                 Err(why) => plan.count_decline(why),
             }
         }
-        // Everything before the parameters: the grid, stream, function, `mid` and the hook slots.
         let stream = stream.object(py)?;
-        let mut head = [null_mut(); 8 + MAX_MID];
-        let fixed = [g0.as_ptr(), g1.as_ptr(), g2.as_ptr(), stream.as_ptr(), e.function.as_ptr()];
-        let hooks = [md.as_ptr(), enter.as_ptr(), exit.as_ptr()];
-        let n_head = fixed.len() + e.mid.len() + hooks.len(); // <= 8 + MAX_MID (checked in Entry::new)
-        head[..5].copy_from_slice(&fixed);
-        for (slot, m) in head[5..].iter_mut().zip(&e.mid) {
-            *slot = m.as_ptr();
-        }
-        head[5 + e.mid.len()..n_head].copy_from_slice(&hooks);
-        call_with(py, e.target.bind(py), &[&head[..n_head], params])?;
+        e.call_target(py, [&g0, &g1, &g2], &stream, [&md, &enter, &exit], params)?;
         Ok(ck.clone())
     }
 }
