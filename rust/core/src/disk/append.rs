@@ -311,9 +311,19 @@ impl<'a> Locked<'a> {
         self.w.faults.hit(at);
     }
 
-    /// Loads the file at the path as the view.
-    pub(super) fn load(&self) -> Result<View, Result<HeaderError, io::Error>> {
-        open_trusted(&self.shared.path, false, false).map_err(Err).and_then(load_view)
+    /// Loads the file now at the path as a view: `Ok(None)` when it is a damaged jitkey index (the
+    /// caller replaces it), an error when it is another kind of file (never touched).
+    pub(super) fn load(&self) -> Result<Option<View>, WriteFail> {
+        match open_trusted(&self.shared.path, false, false).map_err(Err).and_then(load_view) {
+            Ok(v) => Ok(Some(v)),
+            Err(Ok(HeaderError::Corrupt)) => Ok(None),
+            Err(Ok(_)) => Err(io::Error::other(format!(
+                "{} was replaced by a file that is not a jitkey index",
+                self.shared.path.display()
+            ))
+            .into()),
+            Err(Err(e)) => Err(e.into()),
+        }
     }
 
     /// One pass of making the view match the live file exactly, padding a torn tail, and opening
@@ -329,21 +339,9 @@ impl<'a> Locked<'a> {
         let cur = ident_of(&meta);
         let same = self.reader.view().as_ref().is_some_and(|v| v.ident() == cur);
         if !same {
-            match self.load() {
-                Ok(v) => {
-                    *self.reader.view_mut() = Some(v);
-                    shared.counters.reopens.fetch_add(1, Relaxed);
-                }
-                Err(Ok(HeaderError::Corrupt)) => return Ok(Synced::Corrupt),
-                Err(Ok(_)) => {
-                    return Err(io::Error::other(format!(
-                        "{} was replaced by a file that is not a jitkey index",
-                        shared.path.display()
-                    ))
-                    .into())
-                }
-                Err(Err(e)) => return Err(e.into()),
-            }
+            let Some(v) = self.load()? else { return Ok(Synced::Corrupt) };
+            *self.reader.view_mut() = Some(v);
+            shared.counters.reopens.fetch_add(1, Relaxed);
         }
         let (ident, end, size) = {
             let mut g = self.reader.view_mut();

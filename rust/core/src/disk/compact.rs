@@ -156,18 +156,8 @@ impl<'l, 'a> Compactor<'l, 'a> {
                 shared.path.display()
             ),
         );
-        match self.l.load() {
-            Ok(v) => *self.l.reader().view_mut() = Some(v),
-            Err(Ok(HeaderError::Corrupt)) => return self.quarantine_and_create(),
-            Err(Ok(_)) => {
-                return Err(io::Error::other(format!(
-                    "{} was overwritten by a file that is not a jitkey index",
-                    shared.path.display()
-                ))
-                .into())
-            }
-            Err(Err(e)) => return Err(e.into()),
-        }
+        let Some(v) = self.l.load()? else { return self.quarantine_and_create() };
+        *self.l.reader().view_mut() = Some(v);
         self.l.file_replaced();
         self.compact(false, 0)
     }
