@@ -3,7 +3,8 @@ timed alone; for FlagGems, each op's replayed plan (its steps) and how often a c
 
     python scripts/dsl_profile.py [helion] [flag_gems]
 
-Each figure is the median over 15 loops of 2,000 back-to-back calls (µs per call), synchronized between loops.
+Each figure is the median over 15 loops of 2,000 back-to-back calls (µs per call), synchronized between loops,
+and the host alone: 300 calls queued behind a GPU sleep, so the GPU does not pace them.
 """
 
 from __future__ import annotations
@@ -22,16 +23,24 @@ jitkey.install()
 
 
 def t(name, f, *a, n=2000, reps=15, **kw):
+    """Prints two figures: back-to-back calls (the GPU may pace them), and the host alone: calls queued
+    behind a ~20 ms ``torch.cuda._sleep`` so the GPU never paces them (300 calls per loop)."""
     for _ in range(3):
         f(*a, **kw)
-    ts = []
+    ts, hs = [], []
     for _ in range(reps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(n):
             f(*a, **kw)
         ts.append((time.perf_counter() - t0) / n * 1e6)
-    print(f"{name:55s} {sorted(ts)[reps // 2]:7.3f} us")
+        torch.cuda.synchronize()
+        torch.cuda._sleep(40_000_000)
+        t0 = time.perf_counter()
+        for _ in range(300):
+            f(*a, **kw)
+        hs.append((time.perf_counter() - t0) / 300 * 1e6)
+    print(f"{name:55s} {sorted(ts)[reps // 2]:7.3f} us   host alone {sorted(hs)[reps // 2]:7.3f} us")
 
 
 def helion() -> None:
@@ -65,6 +74,19 @@ def helion() -> None:
     )
     t("launcher.launch(grid, x, y, out)", launcher.launch, grid, x, y, out)
     t("site.key(x, y)", site.key, x, y)
+    import tempfile
+
+    from jitkey import triton_bench
+
+    bench_add = triton_bench._add_kernel(3, tempfile.mkdtemp())  # the launch bench's 4-argument add kernel
+    t(
+        "the launch bench's add kernel[grid](x, y, out, n, BLOCK=1024)",
+        lambda: bench_add[grid](x, y, out, 4096, BLOCK=1024),
+    )
+    t(
+        "torch.empty_like(x) + that launch",
+        lambda: bench_add[grid](x, y, torch.empty_like(x), 4096, BLOCK=1024),
+    )
     from jitkey import _torch_alloc
     from jitkey._core import _Plan
 
