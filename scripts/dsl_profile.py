@@ -58,6 +58,9 @@ def helion() -> None:
     grid = (4,)
     t("torch.add(x, y)", torch.add, x, y)
     t("helion kernel(x, y) through jitkey.dsl", k, x, y)
+    from jitkey.integrations import helion as jh
+
+    t("the same through jitkey's Python __call__ (the first call's path)", jh._call, k, x, y)
     t("site.call(x, y)", site.call, x, y)
     t("plan(x, y) (the replay alone)", plan, x, y)
     t("torch.empty_like(x)", torch.empty_like, x)
@@ -121,8 +124,6 @@ def helion() -> None:
         ("_cuda_getCurrentRawStream(0)", lambda: torch._C._cuda_getCurrentRawStream(0)),
     ]:
         t(name, f)
-    from jitkey.integrations import helion as jh
-
     t("Helion's own Kernel.__call__ (jitkey.triton kernels)", jh._saved[0], k, x, y)
     print(site.stats())
 

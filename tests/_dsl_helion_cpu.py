@@ -74,6 +74,15 @@ k.add_bcast(x, b)
 k.add_bcast(x, b)
 had_plan = site.plan(x, b) is not None
 k.add_bcast.reset()
+# A kernel with a site is called with no Python frame of jitkey's: its __call__ is the site's native call; a
+# kernel left to Helion gets jitkey's Python __call__ bound to it, and the class shows a plain function.
+Kernel = type(k.add_bcast)
+native_call = {
+    "descriptor": type(Kernel.__dict__["__call__"]).__name__ == "_SiteMethod",
+    "class_reads_function": Kernel.__call__ is jh._call,
+    "site_kernel": k.add_bcast.__call__ is k.add_bcast._jk_call.call,
+    "declined_kernel": getattr(k.add_epilogue.__call__, "__func__", None) is jh._call,
+}
 rep = jh.report()
 print(
     json.dumps(
@@ -88,6 +97,7 @@ print(
             "reset_drops_plans": had_plan and site.plan(x, b) is None,
             "epilogue_ok": epilogue_ok,
             "epilogue_declined": declined,
+            "native_call": native_call,
         }
     )
 )

@@ -44,6 +44,7 @@ def test_helion_under_the_interpreter_matches_helions_own_path(tmp_path):
     # Helion's matmul examples take a function default (epilogue=...): the kernel is left to Helion, counted
     assert out["epilogue_ok"]
     assert list(out["epilogue_declined"].values()) == [1], out["epilogue_declined"]
+    assert all(out["native_call"].values()), out["native_call"]
 
 
 def test_unknown_helion_version_is_refused(monkeypatch):

@@ -627,5 +627,17 @@ class _Site:
     def counts(self) -> dict[str, int]:
         """``replays``, ``bound_calls``, ``stale``."""
 
+@final
+class _SiteMethod:
+    """Private (:mod:`jitkey.integrations.helion`): a class's ``__call__`` that resolves ``instance.__call__`` to
+    ``getattr(instance, attr).call`` (a site's native call) where that is not None, else to ``slow`` bound to the
+    instance; read from the class, it is ``slow``."""
+
+    def __new__(cls, attr: str, slow: Callable[..., Any], /) -> _SiteMethod: ...
+    def __get__(self, instance: object, owner: type | None = None, /) -> Callable[..., Any]: ...
+    @property
+    def slow(self) -> Callable[..., Any]:
+        """The Python function the method stands for where there is no native call."""
+
 def _recording(delta: int, on_launch: Any = None, on_site: Any = None, /) -> int:
     """Private (:mod:`jitkey.dsl`): a recording starts (+1) or ends (-1); the first call sets the callbacks."""

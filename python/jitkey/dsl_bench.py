@@ -6,11 +6,13 @@ torch, triton and a DSL: the Helion suite needs Helion 1.4.0, the FlagGems suite
 DSL is missing is skipped, with why). Each mode runs in its own fresh process (a DSL's kernels are made
 once per process: routed or not), ``--rounds`` processes per mode taking turns (plain, triton, dsl, plain, ...).
 In every process each case's torch op and DSL call take turns batch by batch: ``--batches`` batches of
-``--calls`` back-to-back calls, ``torch.cuda.synchronize()`` between batches (outside the timed region); a
-figure is the median over batches of the host time per call, in µs, and a mode's figure the median over its
-processes. Before timing, every DSL call's output is checked against the torch op (``torch.testing``
+``--calls`` back-to-back calls, ``torch.cuda.synchronize()`` between batches (outside the timed region). Each
+batch is queued behind a GPU sleep (``torch.cuda._sleep``) that outlasts it, so the figure is the host's own
+time per call, never paced by the GPU (a batch that the sleep did not outlast is counted in ``paced`` and the
+next sleep doubled); a figure is the median over batches of the host µs per call, and a mode's figure the
+median over its processes. Before timing, every DSL call's output is checked against the torch op (``torch.testing``
 tolerances for the dtype), and in the ``dsl`` mode also bit for bit against the DSL's own path in the same
-process. Inputs are small (4,096 fp32 elements for elementwise kernels), so the host, not the GPU, is timed.
+process. Inputs are small (4,096 fp32 elements for elementwise kernels).
 """
 
 from __future__ import annotations
@@ -121,6 +123,39 @@ def _time(fn: Callable[..., Any], args: tuple[Any, ...], calls: int) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+_sleep_cycles_per_us: float | None = None
+
+
+def _cycles_per_us() -> float:
+    """``torch.cuda._sleep`` cycles per µs on this GPU (measured once per process with CUDA events)."""
+    global _sleep_cycles_per_us
+    if _sleep_cycles_per_us is None:
+        import torch
+
+        torch.cuda._sleep(1_000_000)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(20_000_000)
+        end.record()
+        end.synchronize()
+        _sleep_cycles_per_us = 20_000_000 / (start.elapsed_time(end) * 1000.0)
+    return _sleep_cycles_per_us
+
+
+def _time_held(
+    fn: Callable[..., Any], args: tuple[Any, ...], calls: int, hold_us: float
+) -> tuple[float, bool]:
+    """Host µs per call of ``calls`` calls queued behind a GPU sleep of ``hold_us``, and whether the sleep
+    outlasted them (else the GPU may have paced the tail of the batch)."""
+    import torch
+
+    torch.cuda._sleep(int(hold_us * _cycles_per_us()))
+    held = torch.cuda.Event()
+    held.record()
+    t = _time(fn, args, calls)
+    return t, not held.query()
+
+
 def _own_path(suite: str, call: Any) -> Callable[..., Any]:
     """The DSL's own path for ``call`` (the integration bypassed), for the bit-for-bit check."""
     if suite == "helion":
@@ -191,15 +226,22 @@ def _measure(
     if not isinstance(args[0], torch.Tensor) or args[0].dtype == torch.bool:
         impls["torch.add"] = (torch.add, (args[1], args[1]))
     times: dict[str, list[float]] = {k: [] for k in impls}
-    for _ in range(3):  # warm-up batches
-        for fn, a in impls.values():
-            _time(fn, a, calls)
+    hold: dict[str, float] = {}
+    for _ in range(3):  # warm-up batches (back to back): how long a held batch must be covered
+        for impl, (fn, a) in impls.items():
+            torch.cuda.synchronize()
+            hold[impl] = 2.0 * _time(fn, a, calls) * calls + 1000.0
+    paced = 0
     torch.cuda.synchronize()
     for _ in range(batches):
         for impl, (fn, a) in impls.items():
-            times[impl].append(_time(fn, a, calls))
+            t, outlasted = _time_held(fn, a, calls, hold[impl])
+            times[impl].append(t)
+            if not outlasted:
+                paced += 1
+                hold[impl] *= 2.0
             torch.cuda.synchronize()
-    return {"case": name, **{k: statistics.median(v) for k, v in times.items()}}
+    return {"case": name, **{k: statistics.median(v) for k, v in times.items()}, "paced": paced}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -254,6 +296,7 @@ def run_suite(suite: str, rounds: int = 2, batches: int = 40, calls: int = 200) 
             continue
         row["torch op"] = statistics.median(r["rows"][i]["torch op"] for m in MODES for r in runs[m])
         row["torch.add"] = statistics.median(r["rows"][i]["torch.add"] for m in MODES for r in runs[m])
+        row["paced"] = sum(r["rows"][i].get("paced", 0) for m in MODES for r in runs[m])
         row["per_process"] = {}
         for m in MODES:
             vals = [r["rows"][i]["dsl"] for r in runs[m]]
@@ -313,6 +356,7 @@ def format_table(res: dict[str, Any]) -> str:
             lines.append(
                 f"{r['case']} | {r['torch op']:.2f} | {r['torch.add']:.2f} | {r['plain']:.2f} | "
                 f"{r['triton']:.2f} | {r['dsl']:.2f} | {r['dsl / torch op']:.2f}x | {r['dsl / torch.add']:.2f}x"
+                + (f" | {r['paced']} batches paced by the GPU" if r.get("paced") else "")
             )
         rep = suite.get("dsl_report") or {}
         if rep:

@@ -30,6 +30,7 @@ import threading
 from typing import Any
 
 from jitkey import dsl
+from jitkey._core import _SiteMethod
 from jitkey.integrations import check_version
 
 LIBRARY = "helion"
@@ -42,10 +43,12 @@ _saved: tuple[Any, Any, Any] | None = None
 
 
 class _Unset:
-    """The class-level ``_jk_call`` of ``helion.Kernel``: the kernel has no site yet. A kernel's own
-    ``_jk_call`` copies and pickles as this (a copy makes its own site)."""
+    """The class-level ``_jk_call`` of ``helion.Kernel``: the kernel has no site yet (``call`` is None, so
+    ``Kernel.__call__`` runs :func:`_call`, which makes it). A kernel's own ``_jk_call`` copies and pickles
+    as this (a copy makes its own site)."""
 
     __slots__ = ()
+    call = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_unset, ())
@@ -136,7 +139,9 @@ def _make(kernel: Any) -> _SiteRef:
 
 
 def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
-    """``helion.Kernel.__call__`` under :func:`install`."""
+    """``helion.Kernel.__call__`` under :func:`install` where the kernel has no native call: its first call
+    (makes the site) and kernels left to Helion. Once the site exists, ``Kernel.__call__`` (a
+    ``jitkey._core._SiteMethod``) resolves a kernel's call to its site's native ``call`` with no Python frame."""
     ref = self._jk_call
     if ref is _UNSET:
         ref = _make(self)
@@ -169,7 +174,7 @@ def install() -> None:
         jitkey.triton.install()
         _saved = (Kernel.__call__, Kernel.reset, Kernel.__dict__.get("_jk_call"))
         Kernel._jk_call = _UNSET
-        Kernel.__call__ = _call
+        Kernel.__call__ = _SiteMethod("_jk_call", _call)
         Kernel.reset = _reset
 
 

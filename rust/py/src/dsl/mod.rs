@@ -2,11 +2,13 @@
 //!
 //! * `site`: `_Site`, one DSL entry point: key, probe, replay or bound call, miss and fallback.
 //! * `plan`: `_Plan`, a recorded call's steps, replayed.
+//! * `method`: `_SiteMethod`, a DSL class's `__call__` that reaches an instance's site natively.
 //! * this file: the launch recorder hook. While the Python side records a DSL call
 //!   (`jitkey.dsl`), every jitkey Triton launch reports itself to the recorder before it runs, so
 //!   the recording knows which launches the DSL made and with what. Outside a recording the check
 //!   is one relaxed atomic load per launch.
 
+mod method;
 mod plan;
 mod site;
 
@@ -89,6 +91,7 @@ fn _recording(
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<site::Site>()?;
+    m.add_class::<method::SiteMethod>()?;
     m.add_class::<Plan>()?;
     m.add_function(wrap_pyfunction!(_recording, m)?)?;
     Ok(())
