@@ -312,19 +312,24 @@ def _print_table(res: dict[str, Any]) -> None:
     print(res["method"])
     rows = res["results"]
     cols = [c for c in _COLUMNS if all(c in r for r in rows)]
+    # The ratio columns: header, result field, width (the value is printed with an "x").
+    ratios = [
+        ("fn[grid]/jitkey", "speedup vs fn[grid]", 17),
+        ("jitkey/ck.run", "jitkey / CompiledKernel.run", 15),
+    ]
     floor = all("jitkey / driver floor" in r for r in rows)
+    if floor:
+        ratios.append(("jitkey/driver floor", "jitkey / driver floor", 21))
     print(
         f"{'case':<44}"
         + "".join(f"{c:>24}" for c in cols)
-        + f"{'fn[grid]/jitkey':>17}{'jitkey/ck.run':>15}"
-        + (f"{'jitkey/driver floor':>21}" if floor else "")
+        + "".join(f"{title:>{width}}" for title, _, width in ratios)
     )
     for r in rows:
         print(
             f"{r['case']:<44}"
             + "".join(f"{r[c]:>24.2f}" for c in cols)
-            + f"{r['speedup vs fn[grid]']:>16.2f}x{r['jitkey / CompiledKernel.run']:>14.2f}x"
-            + (f"{r['jitkey / driver floor']:>20.2f}x" if floor else "")
+            + "".join(f"{r[field]:>{width - 1}.2f}x" for _, field, width in ratios)
         )
     for r in rows:
         for k, v in r.items():
