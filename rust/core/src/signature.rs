@@ -526,20 +526,23 @@ pub fn write_int(enc: &mut Encoder, mode: IntMode, v: i128) -> Result<(), Encode
 /// Writes a float leaf: its key encoding when `value` is keyed, else the type-only tag.
 #[inline]
 pub fn write_float(enc: &mut Encoder, value: bool, v: f64) {
-    if value {
-        enc.float(v);
-    } else {
-        enc.raw_u8(tag::FLOAT_TYPE);
-    }
+    write_value_or_type(enc, value, v, Encoder::float, tag::FLOAT_TYPE);
 }
 
 /// Writes a bool leaf: its key encoding when `value` is keyed, else the type-only tag.
 #[inline]
 pub fn write_bool(enc: &mut Encoder, value: bool, v: bool) {
+    write_value_or_type(enc, value, v, Encoder::bool, tag::BOOL_TYPE);
+}
+
+/// A scalar leaf under a rule that keys by value or by type alone: `write(v)` when `value`,
+/// else `type_tag`.
+#[inline]
+fn write_value_or_type<T>(enc: &mut Encoder, value: bool, v: T, write: fn(&mut Encoder, T), type_tag: u8) {
     if value {
-        enc.bool(v);
+        write(enc, v);
     } else {
-        enc.raw_u8(tag::BOOL_TYPE);
+        enc.raw_u8(type_tag);
     }
 }
 
