@@ -201,17 +201,26 @@ static DTYPE_LOCK: Mutex<()> = Mutex::new(());
 /// cold path that validates the type, reads `str(dtype)` and publishes it.
 #[inline]
 pub(crate) fn dtype_name(d: &Bound<'_, PyAny>) -> Result<&'static str, TorchError> {
-    let key = d.as_ptr() as usize;
+    match find_dtype(d.as_ptr() as usize) {
+        Ok(name) => Ok(name),
+        Err(_) => dtype_name_slow(d),
+    }
+}
+
+/// Where the dtype at address `key` stands in the published table: `Ok(name)`, or `Err(i)` with
+/// the first empty slot `i` (`DTYPE_SLOTS` when the table is full).
+#[inline]
+fn find_dtype(key: usize) -> Result<&'static str, usize> {
     for (i, slot) in DTYPE_PTRS.iter().enumerate() {
         let p = slot.load(Ordering::Acquire);
         if p == key {
             return Ok(DTYPE_NAMES[i].get().expect("published after its name"));
         }
         if p == 0 {
-            break;
+            return Err(i);
         }
     }
-    dtype_name_slow(d)
+    Err(DTYPE_SLOTS)
 }
 
 #[cold]
@@ -229,20 +238,17 @@ fn dtype_name_slow(d: &Bound<'_, PyAny>) -> Result<&'static str, TorchError> {
     }
     let _guard = DTYPE_LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let key = d.as_ptr() as usize;
-    for (i, slot) in DTYPE_PTRS.iter().enumerate() {
-        let p = slot.load(Ordering::Acquire);
-        if p == key {
-            return Ok(DTYPE_NAMES[i].get().expect("published"));
-        }
-        if p == 0 {
+    match find_dtype(key) {
+        Ok(name) => Ok(name),
+        Err(i) if i < DTYPE_SLOTS => {
             let stored = DTYPE_NAMES[i].get_or_init(|| short.into());
             // Keep the dtype alive forever so its address is never reused by another object.
             std::mem::forget(d.clone().unbind());
-            slot.store(key, Ordering::Release);
-            return Ok(stored);
+            DTYPE_PTRS[i].store(key, Ordering::Release);
+            Ok(stored)
         }
+        Err(_) => Err(TorchError::Msg("more distinct torch.dtype objects than jitkey's table holds".into())),
     }
-    Err(TorchError::Msg("more distinct torch.dtype objects than jitkey's table holds".into()))
 }
 
 // ---- the device table --------------------------------------------------------------------------
