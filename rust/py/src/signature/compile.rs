@@ -30,6 +30,30 @@ fn get_str(spec: &Bound<'_, PyTuple>, i: usize, param: &str) -> PyResult<String>
     v.extract::<String>().map_err(|_| spec_err(param, format!("rule spec item {i} must be a str, got {v}")))
 }
 
+/// Item `i`, a str that names one of `choices`: its value. The error lists the names in
+/// `choices`' order (`{what} must be a/b/c, got "d"`).
+fn get_choice<T: Copy>(
+    spec: &Bound<'_, PyTuple>,
+    i: usize,
+    param: &str,
+    what: &str,
+    choices: &[(&str, T)],
+) -> PyResult<T> {
+    let s = get_str(spec, i, param)?;
+    choices.iter().find(|(name, _)| *name == s).map(|&(_, v)| v).ok_or_else(|| {
+        let names: Vec<&str> = choices.iter().map(|&(name, _)| name).collect();
+        spec_err(param, format!("{what} must be {}, got {s:?}", names.join("/")))
+    })
+}
+
+// A tensor rule's shape, strides and device modes, by their names in the spec.
+const SHAPE_MODES: &[(&str, ShapeMode)] =
+    &[("exact", ShapeMode::Exact), ("bucket", ShapeMode::Bucket), ("ignore", ShapeMode::Ignore)];
+const STRIDE_MODES: &[(&str, StrideMode)] =
+    &[("exact", StrideMode::Exact), ("contiguous", StrideMode::Contiguous), ("ignore", StrideMode::Ignore)];
+const DEVICE_MODES: &[(&str, DeviceMode)] =
+    &[("type", DeviceMode::Type), ("type_index", DeviceMode::TypeIndex), ("ignore", DeviceMode::Ignore)];
+
 fn parse_tensor(spec: &Bound<'_, PyTuple>, param: &str) -> PyResult<TensorRule> {
     // ("tensor", dtype: bool, align: int, shape: str, strides: str, device: str, numel_i64: bool)
     if spec.len() != 7 {
@@ -41,36 +65,9 @@ fn parse_tensor(spec: &Bound<'_, PyTuple>, param: &str) -> PyResult<TensorRule> 
     if align != 0 && !align.is_power_of_two() {
         return Err(spec_err(param, format!("tensor align must be 0 or a power of two, got {align}")));
     }
-    let shape = match get_str(spec, 3, param)?.as_str() {
-        "ignore" => ShapeMode::Ignore,
-        "exact" => ShapeMode::Exact,
-        "bucket" => ShapeMode::Bucket,
-        other => {
-            return Err(spec_err(param, format!("tensor shape must be exact/bucket/ignore, got {other:?}")))
-        }
-    };
-    let strides = match get_str(spec, 4, param)?.as_str() {
-        "ignore" => StrideMode::Ignore,
-        "exact" => StrideMode::Exact,
-        "contiguous" => StrideMode::Contiguous,
-        other => {
-            return Err(spec_err(
-                param,
-                format!("tensor strides must be exact/contiguous/ignore, got {other:?}"),
-            ))
-        }
-    };
-    let device = match get_str(spec, 5, param)?.as_str() {
-        "ignore" => DeviceMode::Ignore,
-        "type" => DeviceMode::Type,
-        "type_index" => DeviceMode::TypeIndex,
-        other => {
-            return Err(spec_err(
-                param,
-                format!("tensor device must be type/type_index/ignore, got {other:?}"),
-            ))
-        }
-    };
+    let shape = get_choice(spec, 3, param, "tensor shape", SHAPE_MODES)?;
+    let strides = get_choice(spec, 4, param, "tensor strides", STRIDE_MODES)?;
+    let device = get_choice(spec, 5, param, "tensor device", DEVICE_MODES)?;
     crate::torch::ensure_tensor_type(spec.py())?;
     Ok(TensorRule {
         dtype: get_bool(spec, 1, param)?,
