@@ -598,6 +598,31 @@ class _Plan:
         """Whether the guard holds."""
 
 @final
+class _TorchModes:
+    """Private (:mod:`jitkey.dsl`): torch's grad, inference, torch function and torch dispatch mode state read
+    through torch's C++ functions (``aoti_torch_grad_mode_is_enabled`` from ``cpu_lib``,
+    ``c10::InferenceMode::is_enabled`` and ``c10::impl::TorchDispatchModeTLS::stack_len`` from ``c10_lib``,
+    ``at::impl::torch_function_mode_enabled`` from ``cpu_lib``), standing for ``functions`` (``torch.is_grad_enabled``,
+    ``torch.is_inference_mode_enabled``, ``torch._C._is_torch_function_mode_enabled``,
+    ``torch._C._len_torch_dispatch_stack``). Raises ``OSError`` when a library or symbol is missing; used only once
+    proven (``jitkey._torch_modes``)."""
+
+    def __new__(
+        cls,
+        cpu_lib: str,
+        c10_lib: str,
+        functions: Sequence[Callable[[], Any]],
+        /,
+        *,
+        loaded_only: bool = True,
+    ) -> _TorchModes: ...
+    def values(self) -> tuple[bool, bool, bool, int]:
+        """The four reads now, as the Python functions return them."""
+    @property
+    def functions(self) -> tuple[Callable[[], Any], ...]:
+        """The Python functions the reads stand for."""
+
+@final
 class _Site:
     """Private (:mod:`jitkey.dsl`): one DSL entry point keyed natively (see :class:`jitkey.dsl.Site`)."""
 
@@ -610,6 +635,7 @@ class _Site:
         checks: Any,
         state: Any,
         npos: int,
+        modes: _TorchModes | None = None,
         /,
     ) -> _Site: ...
     @property
@@ -621,6 +647,9 @@ class _Site:
         """The key of such a call (raises where it falls back)."""
     def lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, /) -> Any | None:
         """The plan cached for such a call (None: none)."""
+    @property
+    def native_reads(self) -> int:
+        """How many of the checks and state reads go through torch's C++ functions."""
     @property
     def cache(self) -> LruCache:
         """The cache of plans."""

@@ -9,6 +9,10 @@ correct path otherwise; this module reports the outcome (``jitkey info``, the be
 - ``tensor_fields``: dtype, ``data_ptr()``, sizes, strides read from torch's ``TensorImpl``
   (``jitkey._tensor_fields``, decided when the first tensor rule is compiled). ``JITKEY_TENSOR_FIELDS=0``
   turns it off.
+- ``native_alloc``, ``native_modes``: a replayed DSL plan's CUDA tensors made through torch's C shim
+  (``jitkey._torch_alloc``), and a DSL site's reads of torch's modes through torch's C++ functions
+  (``jitkey._torch_modes``); each proven once per process. ``JITKEY_NATIVE_ALLOC=0`` / ``JITKEY_NATIVE_MODES=0``
+  turn them off.
 - ``native_launcher`` (and other Triton facts): reported by
   ``jitkey.triton.fast_paths()`` where the installed binding provides it; ``unknown`` otherwise.
 """
@@ -34,6 +38,8 @@ _DESCRIPTIONS = {
     "watched_state": "Triton state (kernel attrs, knobs, hooks): watched, kept while unchanged (OFF: per-call reads)",
     "native_current": "Triton hit reads the device and stream through torch's C shim (OFF: torch's Python getters)",
     "native_alloc": "a replayed DSL plan makes its CUDA tensors through torch's C shim (OFF: torch's Python functions)",
+    "native_modes": "a DSL site reads torch's grad, inference, function and dispatch modes through torch's C++ "
+    "functions (OFF: torch's Python functions)",
     "l2": "a fresh process loads kernels compiled earlier from jitkey's disk index (no Triton compile path)",
 }
 
@@ -146,12 +152,27 @@ def native_alloc() -> FastPath:
     }
 
 
+def native_modes() -> FastPath:
+    """Whether DSL sites read torch's modes natively (``jitkey._torch_modes``; decided when the first site of the
+    process is made, unknown before)."""
+    from jitkey import _torch_modes
+
+    st = _torch_modes.status()
+    return {
+        "on": st["on"],
+        "why": st["why"],
+        "chosen": st["why"] == "JITKEY_NATIVE_MODES=0",
+        "what": _DESCRIPTIONS["native_modes"],
+    }
+
+
 def fast_paths(*, decide: bool = True, triton: bool = True) -> dict[str, FastPath]:
     """Every fast path: name -> ``{"on": bool | None (unknown), "why": str | None, "chosen": bool, "what"}``."""
     out = {"cpython_layout": cpython_layout(), "tensor_fields": tensor_fields(decide=decide)}
     if triton:
         out.update(triton_paths())
     out["native_alloc"] = native_alloc()
+    out["native_modes"] = native_modes()
     return out
 
 

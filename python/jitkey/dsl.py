@@ -48,7 +48,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from jitkey import _deps, rules
+from jitkey import _deps, _torch_modes, rules
 from jitkey._core import LruCache, Signature, _Plan, _recording, _Site
 from jitkey.errors import SignatureError
 
@@ -621,6 +621,7 @@ class Site:
             _default_checks() if checks is None else list(checks),
             all_state,
             self.npos,
+            _torch_modes.get(),
         )
         #: The per-call entry point (a native builtin).
         self.call: Callable[..., Any] = self._native.call

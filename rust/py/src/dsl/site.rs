@@ -23,6 +23,7 @@ use crate::keys::{encode_into, fast_hash_state, with_encoder};
 use crate::launch::Leave;
 use crate::lru::PyLruCache;
 use crate::signature::{ArgSlots, ParamNames, Signature};
+use crate::torch::TorchModes;
 
 #[pyclass(name = "_Site", module = "jitkey._core", frozen)]
 pub(crate) struct Site {
@@ -31,10 +32,10 @@ pub(crate) struct Site {
     miss: Py<PyAny>,
     fallback: Py<PyAny>,
     /// `(check, reason)`: a call for which `check()` is truthy goes to `fallback(reason, ...)`.
-    checks: Vec<(Py<PyAny>, Py<PyString>)>,
-    /// Callables whose results are folded into every key: the DSL's settings and environment its
-    /// decisions read, and torch's modes.
-    state: Vec<Py<PyAny>>,
+    checks: Vec<(Read, Py<PyString>)>,
+    /// What is folded into every key: the DSL's settings and environment its decisions read, and
+    /// torch's modes.
+    state: Vec<Read>,
     /// The parameter names keyword arguments bind to, and how many parameters may be passed by position
     /// (the rest are keyword-only).
     params: ParamNames,
@@ -42,6 +43,41 @@ pub(crate) struct Site {
     replays: AtomicU64,
     bound_calls: AtomicU64,
     stale: AtomicU64,
+}
+
+/// A value a site reads on every call: a Python callable's result, or one of torch's modes read
+/// natively (`crate::torch::TorchModes`, once proven equal to the Python function it stands for).
+enum Read {
+    Call(Py<PyAny>),
+    /// Read `i` of the modes; the callable is the Python function it stands for.
+    Mode(Py<TorchModes>, usize, Py<PyAny>),
+}
+
+impl Read {
+    fn new(py: Python<'_>, f: Py<PyAny>, modes: Option<&Py<TorchModes>>) -> Self {
+        match modes.and_then(|m| m.get().which(f.bind(py)).map(|i| (m, i))) {
+            Some((m, i)) => Read::Mode(m.clone_ref(py), i, f),
+            None => Read::Call(f),
+        }
+    }
+
+    #[inline]
+    fn get<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        match self {
+            Read::Call(f) => f.bind(py).call0(),
+            Read::Mode(m, i, _) => m.get().read(py, *i),
+        }
+    }
+
+    fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
+        match self {
+            Read::Call(f) => visit.call(f),
+            Read::Mode(m, _, f) => {
+                visit.call(m)?;
+                visit.call(f)
+            }
+        }
+    }
 }
 
 /// Whether an argument's identity may matter to a DSL's decisions: anything but the immutable
@@ -116,7 +152,7 @@ impl Site {
         }
         enc.tuple_header(self.state.len()).map_err(|e| Leave::Raise(PyTypeError::new_err(e.to_string())))?;
         for state in &self.state {
-            let s = state.bind(py).call0()?;
+            let s = state.get(py)?;
             encode_into(&s, enc).map_err(|e| {
                 let err = crate::errors::ArgumentError::new_err("the DSL state is not keyable");
                 err.set_cause(py, Some(e.into_pyerr(py, "state")));
@@ -195,7 +231,7 @@ impl Site {
             }
         }
         for (check, reason) in &self.checks {
-            if check.bind(py).call0()?.is_truthy()? {
+            if check.get(py)?.is_truthy()? {
                 return self.leave(py, Leave::Fallback(reason.clone_ref(py).into_any()), args, kw);
             }
         }
@@ -332,13 +368,15 @@ unsafe extern "C" fn call_fastcall(
 
 #[pymethods]
 impl Site {
-    /// `_Site(sig, cache, miss, fallback, checks, state, npos, /)`: see the module docs. ``checks`` is a
-    /// sequence of ``(callable, reason)``; ``state`` a sequence of callables; ``npos`` how many of the
-    /// signature's parameters may be passed by position (the rest are keyword-only). A call binds its
-    /// arguments to every parameter (defaults applied) before it is keyed; ``miss`` and plans get the
-    /// bound arguments, in parameter order.
+    /// `_Site(sig, cache, miss, fallback, checks, state, npos, modes=None, /)`: see the module docs.
+    /// ``checks`` is a sequence of ``(callable, reason)``; ``state`` a sequence of callables; ``npos``
+    /// how many of the signature's parameters may be passed by position (the rest are keyword-only).
+    /// ``modes``: a proven ``_TorchModes``; a check or state callable that is one of its Python
+    /// functions is read through it instead of called. A call binds its arguments to every parameter
+    /// (defaults applied) before it is keyed; ``miss`` and plans get the bound arguments, in
+    /// parameter order.
     #[new]
-    #[pyo3(signature = (sig, cache, miss, fallback, checks, state, npos, /))]
+    #[pyo3(signature = (sig, cache, miss, fallback, checks, state, npos, modes = None, /))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -349,6 +387,7 @@ impl Site {
         checks: &Bound<'_, PyAny>,
         state: &Bound<'_, PyAny>,
         npos: usize,
+        modes: Option<Py<TorchModes>>,
     ) -> PyResult<Self> {
         let params = ParamNames::new(py, sig.get())?;
         let npos = npos.min(params.len());
@@ -358,7 +397,7 @@ impl Site {
             if !f.is_callable() {
                 return Err(PyTypeError::new_err("_Site: a state entry must be callable"));
             }
-            st.push(f.unbind());
+            st.push(Read::new(py, f.unbind(), modes.as_ref()));
         }
         let mut cs = Vec::new();
         for c in checks.try_iter()? {
@@ -366,7 +405,7 @@ impl Site {
             if !f.bind(py).is_callable() {
                 return Err(PyTypeError::new_err("_Site: a check must be callable"));
             }
-            cs.push((f, PyString::intern(py, &reason).unbind()));
+            cs.push((Read::new(py, f, modes.as_ref()), PyString::intern(py, &reason).unbind()));
         }
         Ok(Self {
             sig,
@@ -459,6 +498,12 @@ impl Site {
         Ok(self.cache.get().get_encoded(py, fast_hash_state().hash(key), key))
     }
 
+    /// How many of the checks and state reads go through torch's C++ functions (``_TorchModes``).
+    #[getter]
+    fn native_reads(&self) -> usize {
+        self.checks.iter().map(|(c, _)| c).chain(&self.state).filter(|r| matches!(r, Read::Mode(..))).count()
+    }
+
     /// The cache of plans and bound calls.
     #[getter]
     fn cache(&self, py: Python<'_>) -> Py<PyLruCache> {
@@ -481,11 +526,11 @@ impl Site {
         visit.call(&self.miss)?;
         visit.call(&self.fallback)?;
         for (c, r) in &self.checks {
-            visit.call(c)?;
+            c.traverse(&visit)?;
             visit.call(r)?;
         }
         for s in &self.state {
-            visit.call(s)?;
+            s.traverse(&visit)?;
         }
         self.params.traverse(&visit)?;
         Ok(())

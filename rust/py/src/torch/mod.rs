@@ -15,9 +15,11 @@
 //!
 //! `current`: the current CUDA device and stream through torch's stable C shim (`_TorchCurrent`).
 //! `alloc`: fresh CUDA tensors through the same shim and torch's tensor wrapper (`_TorchAlloc`).
+//! `modes`: grad, inference, torch function and torch dispatch modes through torch's C++ functions (`_TorchModes`).
 
 mod alloc;
 mod current;
+mod modes;
 mod tensor;
 mod tensor_impl;
 
@@ -31,6 +33,7 @@ use pyo3::prelude::*;
 
 pub(crate) use alloc::TorchAlloc;
 pub(crate) use current::TorchCurrent;
+pub(crate) use modes::TorchModes;
 pub(crate) use tensor::{encode_in_process, encode_tensor};
 use tensor_impl::{_install_tensor_layout, _tensor_layout_installed};
 pub(crate) use tensor_impl::{cuda_data_ptr, layout};
@@ -330,5 +333,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_tensor_layout_installed, m)?)?;
     m.add_class::<TorchCurrent>()?;
     m.add_class::<TorchAlloc>()?;
+    m.add_class::<TorchModes>()?;
     Ok(())
 }
