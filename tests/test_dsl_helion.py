@@ -59,3 +59,26 @@ def test_unknown_helion_version_is_refused(monkeypatch):
     st = ji.status()["helion"]
     assert "not a supported version" in st["why"]
     assert ji.install_available()["helion"] is not None
+
+
+def test_the_distributed_check_reads_what_is_initialized_returns(monkeypatch):
+    import functools
+
+    import torch
+
+    import jitkey.integrations.helion as jh
+
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available")
+    c10d = torch.distributed.distributed_c10d
+    check = jh._dist_initialized(torch)
+    # On torch 2.11 the source proves the C-level read: no Python frame per Helion call.
+    assert isinstance(check, functools.partial), check
+    assert not check() and not torch.distributed.is_initialized()
+    monkeypatch.setattr(c10d._world, "_default_pg", object())  # what init_process_group sets (through WORLD)
+    assert check() and torch.distributed.is_initialized()
+    monkeypatch.undo()
+    # Where torch's source is not what the proof expects, the function itself is the check.
+    monkeypatch.setattr(jh, "_dist_check", None)
+    monkeypatch.setattr(jh, "_returns", lambda fn, expr: False)
+    assert jh._dist_initialized(torch) is torch.distributed.is_initialized

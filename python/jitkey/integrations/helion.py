@@ -97,12 +97,62 @@ def _ineligible(kernel: Any) -> str | None:
     return None
 
 
+def _returns(fn: Any, expr: str) -> bool:
+    """Whether ``fn``'s body is (a docstring and) ``return <expr>``, by its source's syntax tree."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    want = ast.parse(f"return {expr}", mode="exec").body
+    return len(body) == 1 and ast.dump(body[0]) == ast.dump(want[0])
+
+
+_dist_check: Any = None
+
+
+def _dist_initialized(torch: Any) -> Any:
+    """``torch.distributed.is_initialized``, or a read of what it returns with no Python frame:
+    ``operator.attrgetter("_default_pg")`` on c10d's ``_world``, where torch's own source shows that
+    ``is_initialized()`` is ``GroupMember.WORLD is not None``, ``WORLD`` is ``_world.default_pg`` and that is
+    ``_world._default_pg`` (a ``ProcessGroup``, which has no ``__bool__`` or ``__len__``: truthy exactly when set).
+    Decided once per process; anything else keeps ``is_initialized`` (a Python call per Helion call)."""
+    global _dist_check
+    if _dist_check is None:
+        import operator
+
+        fn = torch.distributed.is_initialized
+        check = fn
+        try:
+            c10d = torch.distributed.distributed_c10d
+            pg = torch._C._distributed_c10d.ProcessGroup
+            world = c10d._world
+            if (
+                fn is c10d.is_initialized
+                and _returns(fn, "GroupMember.WORLD is not None")
+                and _returns(type(c10d.GroupMember).WORLD.fget, "_world.default_pg")
+                and _returns(type(world).default_pg.fget, "self._default_pg")
+                and not hasattr(pg, "__bool__")
+                and not hasattr(pg, "__len__")
+            ):
+                read = operator.attrgetter("_default_pg")
+                if (read(world) is not None) == fn():
+                    check = functools.partial(read, world)
+        except Exception:  # torch's source is not there or not as expected: its own function
+            check = fn
+        _dist_check = check
+    return _dist_check
+
+
 def _checks() -> list[tuple[Any, str]]:
     checks = dsl._default_checks()
     import torch
 
     if torch.distributed.is_available():
-        checks.append((torch.distributed.is_initialized, "torch.distributed is initialized"))
+        checks.append((_dist_initialized(torch), "torch.distributed is initialized"))
     return checks
 
 
