@@ -286,6 +286,21 @@ def run_suite(suite: str, rounds: int = 2, batches: int = 40, calls: int = 200) 
             if p.returncode != 0:
                 raise RuntimeError(f"dsl_bench child {suite}/{mode} failed:\n{p.stderr[-4000:]}")
             runs[mode].append(json.loads(p.stdout.strip().splitlines()[-1]))
+            done = runs[mode][-1]["rows"]
+            print(  # progress, so a run stopped early still shows what it measured
+                f"[dsl_bench] {suite}/{mode}: "
+                + "; ".join(
+                    f"{r['case']}: "
+                    + (
+                        r["error"][:60]
+                        if "error" in r
+                        else f"{r['dsl']:.2f} vs torch.add {r['torch.add']:.2f}"
+                    )
+                    for r in done
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
     cases = [r["case"] for r in runs["plain"][0]["rows"]]
     results = []
     for i, case in enumerate(cases):
