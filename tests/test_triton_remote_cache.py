@@ -21,6 +21,7 @@ triton = pytest.importorskip("triton")
 pytest.importorskip("redis")
 
 from jitkey._redis_server import RedisServer  # noqa: E402
+from jitkey.errors import RemoteCacheWarning  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _compile_workers as cw  # noqa: E402
@@ -204,3 +205,55 @@ def test_gpu_host_2_runs_what_host_1_compiled() -> None:
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert "host 2 compiled nothing host 1 compiled: True" in proc.stdout
+
+
+def test_a_native_module_lookup_never_makes_the_remote(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton's driver builds its modules (cuda_utils, launchers) through the cache while it starts up: those
+    names are never shared, so their lookups must not make the remote (which asks the driver for its target)."""
+    from jitkey.triton import remote_cache
+
+    made: list[int] = []
+    monkeypatch.setattr(remote_cache, "_shared", remote_cache._Shared())
+    monkeypatch.setattr(remote_cache, "_make_remote", lambda: made.append(1) or (None, "test"))
+    backend = remote_cache.RedisBackend("K" * 52)
+    assert backend.get(["cuda_utils.cpython-312-x86_64-linux-gnu.so"]) == {}
+    assert backend.get(["ok.json", "launcher.so"]) == {}
+    backend.put("cuda_utils.so", b"\x7fELF")
+    assert made == []
+    with pytest.warns(RemoteCacheWarning, match="off: test"):
+        assert backend.get(["ok.json"]) == {}  # a shareable name does
+    assert made == [1]
+
+
+def test_the_remote_asked_again_while_it_is_made_is_a_miss_not_a_deadlock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Making the remote asks Triton's driver for its target; a driver that starts up then may look up a file
+    through this tier on the same thread: that lookup is a miss (it used to wait forever on the tier's lock)."""
+    import threading
+    import warnings
+
+    from jitkey.triton import remote_cache
+
+    nested: list[dict[str, bytes]] = []
+
+    def make_remote() -> tuple[None, str]:
+        nested.append(remote_cache.RedisBackend("K" * 52).get(["add.json"]))  # the re-entrant lookup
+        return None, "test"
+
+    monkeypatch.setattr(remote_cache, "_shared", remote_cache._Shared())
+    monkeypatch.setattr(remote_cache, "_make_remote", make_remote)
+    out: list[dict[str, bytes]] = []
+
+    def lookup() -> None:
+        with warnings.catch_warnings(record=True):  # the tier says once that it is off
+            warnings.simplefilter("always")
+            out.append(remote_cache.RedisBackend("K" * 52).get(["add.json"]))
+
+    t = threading.Thread(target=lookup)
+    t.daemon = True
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive(), "the lookup deadlocked"
+    assert out == [{}] and nested == [{}]
+    assert remote_cache._shared.made and remote_cache._shared.off_reason == "test"

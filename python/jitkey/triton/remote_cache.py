@@ -80,7 +80,12 @@ class _Shared:
     counters, and why it is off when it is."""
 
     def __init__(self) -> None:
+        #: Held while the remote is made (``making.on`` on that thread, see :meth:`get`).
         self.lock = threading.Lock()
+        self.making = threading.local()
+        #: Held for the counters and warnings only, never across a call out (so a lookup made while the
+        #: remote is made can count itself).
+        self.counts_lock = threading.Lock()
         self.remote: Any = None
         self.made = False
         self.off_reason: str | None = None
@@ -88,23 +93,32 @@ class _Shared:
         self.counts = dict.fromkeys(("hits", "misses", "refused", "puts", "put_failures"), 0)
 
     def count(self, name: str, n: int = 1) -> None:
-        with self.lock:
+        with self.counts_lock:
             self.counts[name] += n
 
     def warn_once(self, cause: str, msg: str) -> None:
-        with self.lock:
+        with self.counts_lock:
             if cause in self.warned:
                 return
             self.warned.add(cause)
         warnings.warn(f"jitkey remote compile cache: {msg}", RemoteCacheWarning, stacklevel=3)
 
     def get(self) -> Any:
-        """The :class:`jitkey.RemoteIndex`, or ``None`` (off: ``off_reason`` says why)."""
+        """The :class:`jitkey.RemoteIndex`, or ``None`` (off: ``off_reason`` says why; or not made yet, when
+        asked again by the thread that is making it: the namespace asks Triton's driver for its target, and a
+        driver that is starting up builds its modules through Triton's cache, so through this tier; that
+        lookup is a miss, never a wait on the lock this thread holds)."""
         if self.made:
             return self.remote
+        if getattr(self.making, "on", False):
+            return None
         with self.lock:
             if not self.made:
-                self.remote, self.off_reason = _make_remote()
+                self.making.on = True
+                try:
+                    self.remote, self.off_reason = _make_remote()
+                finally:
+                    self.making.on = False
                 self.made = True
         if self.remote is None and self.off_reason is not None:
             self.warn_once("off", f"off: {self.off_reason}; Triton compiles locally")
@@ -197,17 +211,17 @@ class RedisBackend(RemoteCacheBackend):  # type: ignore[misc]  # Triton ships no
 
     def get(self, filenames: list[str]) -> dict[str, bytes]:
         try:
+            # A name the tier never shares (a native module Triton's driver builds, often while it starts up)
+            # is a local matter: the remote is not even made for it.
+            if not all(isinstance(name, str) and _shareable(name) for name in filenames):
+                return {}
             remote = _shared.get()
             if remote is None:
                 _shared.count("refused", len(filenames))
                 return {}
             out: dict[str, bytes] = {}
             for name in filenames:
-                value = (
-                    remote.get(_file_key(self._key, name))
-                    if isinstance(name, str) and _shareable(name)
-                    else None
-                )
+                value = remote.get(_file_key(self._key, name))
                 if value is None:
                     _shared.count("misses")
                     return {}
@@ -220,8 +234,10 @@ class RedisBackend(RemoteCacheBackend):  # type: ignore[misc]  # Triton ships no
 
     def put(self, filename: str, data: bytes) -> None:
         try:
+            if not _shareable(filename):
+                return
             remote = _shared.get()
-            if remote is None or not _shareable(filename):
+            if remote is None:
                 return
             if not isinstance(data, bytes):
                 data = str(data).encode("utf-8")
@@ -356,9 +372,9 @@ def stats() -> dict[str, Any]:
     """This process's counters: ``hits``, ``misses``, ``refused``, ``puts``, ``put_failures`` (files), and
     the tier's own (``remote_hits``, ``remote_rejects``, ``remote_errors``, ... of :class:`jitkey.RemoteIndex`)
     once it was made; ``off_reason`` when it is off."""
-    with _shared.lock:
+    with _shared.counts_lock:
         out: dict[str, Any] = dict(_shared.counts)
-        remote, off = _shared.remote, _shared.off_reason
+    remote, off = _shared.remote, _shared.off_reason
     if remote is not None:
         for k, v in remote.stats().items():
             out["remote_" + k] = v
