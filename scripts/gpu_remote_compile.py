@@ -65,6 +65,8 @@ def main() -> int:
 
     results = {}
     with RedisServer() as srv, tempfile.TemporaryDirectory() as tmp:
+        host = Path(tmp) / "host.py"  # Triton reads a kernel's source from its file: not python -c
+        host.write_text(HOST)
         for name in ("host1", "host2"):
             env = dict(
                 os.environ,
@@ -73,7 +75,7 @@ def main() -> int:
                 JITKEY_REMOTE_SECRET="gpu-check-secret",
             )
             proc = subprocess.run(
-                [sys.executable, "-c", HOST], env=env, capture_output=True, text=True, timeout=900
+                [sys.executable, str(host)], env=env, capture_output=True, text=True, timeout=900
             )
             if proc.returncode != 0:
                 print(f"{name} failed:\n{proc.stderr[-4000:]}", file=sys.stderr)
