@@ -238,8 +238,9 @@ def _measure(
             t, outlasted = _time_held(fn, a, calls, hold[impl])
             times[impl].append(t)
             if not outlasted:
+                # the sleep was too short (or the launch queue filled): a longer one, within reason
                 paced += 1
-                hold[impl] *= 2.0
+                hold[impl] = min(hold[impl] * 2.0, 200_000.0)
             torch.cuda.synchronize()
     return {"case": name, **{k: statistics.median(v) for k, v in times.items()}, "paced": paced}
 
