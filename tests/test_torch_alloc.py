@@ -84,10 +84,10 @@ def test_the_recorder_keeps_cpu_factories_as_calls() -> None:
 
 def test_disabled_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JITKEY_NATIVE_ALLOC", "0")
-    monkeypatch.setattr(_torch_alloc, "_state", None)
-    _torch_alloc._decide(torch)
+    monkeypatch.setattr(_torch_alloc.PATH, "state", None)
+    _torch_alloc.PATH.decide(torch)
     assert _torch_alloc.status() == {"on": False, "why": "JITKEY_NATIVE_ALLOC=0"}
     fp = _fastpaths.native_alloc()
     assert fp["on"] is False and fp["chosen"] is True
-    monkeypatch.setattr(_torch_alloc, "_state", None)
+    monkeypatch.setattr(_torch_alloc.PATH, "state", None)
     assert _fastpaths.native_alloc()["on"] is None  # undecided until the first recorded CUDA allocation

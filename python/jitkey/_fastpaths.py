@@ -143,13 +143,7 @@ def native_alloc() -> FastPath:
     allocation of the process, unknown before)."""
     from jitkey import _torch_alloc
 
-    st = _torch_alloc.status()
-    return {
-        "on": st["on"],
-        "why": st["why"],
-        "chosen": st["why"] == "JITKEY_NATIVE_ALLOC=0",
-        "what": _DESCRIPTIONS["native_alloc"],
-    }
+    return _torch_alloc.PATH.fast_path(_DESCRIPTIONS["native_alloc"])
 
 
 def native_modes() -> FastPath:
@@ -157,13 +151,7 @@ def native_modes() -> FastPath:
     process is made, unknown before)."""
     from jitkey import _torch_modes
 
-    st = _torch_modes.status()
-    return {
-        "on": st["on"],
-        "why": st["why"],
-        "chosen": st["why"] == "JITKEY_NATIVE_MODES=0",
-        "what": _DESCRIPTIONS["native_modes"],
-    }
+    return _torch_modes.PATH.fast_path(_DESCRIPTIONS["native_modes"])
 
 
 def fast_paths(*, decide: bool = True, triton: bool = True) -> dict[str, FastPath]:

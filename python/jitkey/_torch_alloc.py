@@ -11,54 +11,36 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from typing import Any
 
-_lock = threading.Lock()
-#: ``(alloc or None, why not)`` once decided.
-_state: tuple[Any, str | None] | None = None
+from jitkey._proven import Proven
 
 
-def get() -> Any:
-    """The proven ``_TorchAlloc``, or None (CUDA not initialized yet: undecided; otherwise see :func:`status`)."""
-    if _state is not None:
-        return _state[0]
-    import torch
-
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return None
-    with _lock:
-        if _state is None:
-            _decide(torch)
-    assert _state is not None
-    return _state[0]
-
-
-def status() -> dict[str, Any]:
-    """``{"on": bool | None, "why": reason or None}`` for ``jitkey info`` (``on`` is None while undecided)."""
-    if _state is None:
-        return {"on": None, "why": "not decided yet (decided at the first recorded CUDA allocation)"}
-    return {"on": _state[0] is not None, "why": _state[1]}
-
-
-def _decide(torch: Any) -> None:
-    global _state
-    if os.environ.get("JITKEY_NATIVE_ALLOC", "").strip() == "0":
-        _state = (None, "JITKEY_NATIVE_ALLOC=0")
-        return
+def _make(torch: Any) -> tuple[Any, str | None]:
     from jitkey._core import _TorchAlloc
 
     lib = os.path.join(os.path.dirname(torch.__file__), "lib")
     try:
         alloc = _TorchAlloc(os.path.join(lib, "libtorch_cpu.so"), os.path.join(lib, "libtorch_python.so"))
     except OSError as exc:
-        _state = (None, f"torch's C shim or tensor wrapper is not available: {exc}")
-        return
+        return None, f"torch's C shim or tensor wrapper is not available: {exc}"
     try:
-        why = prove(torch, alloc)
+        return alloc, prove(torch, alloc)
     except Exception as exc:  # proving failed: torch's functions it is
-        why = f"proving the native allocation raised {type(exc).__name__}: {exc}"
-    _state = (alloc, None) if why is None else (None, why)
+        return None, f"proving the native allocation raised {type(exc).__name__}: {exc}"
+
+
+#: The path (decided at the first recorded CUDA allocation: CUDA must be initialized to prove it).
+PATH = Proven(
+    "JITKEY_NATIVE_ALLOC",
+    "not decided yet (decided at the first recorded CUDA allocation)",
+    _make,
+    ready=lambda torch: bool(torch.cuda.is_available() and torch.cuda.is_initialized()),
+)
+#: The proven ``_TorchAlloc``, or None (CUDA not initialized yet: undecided; otherwise see :func:`status`).
+get = PATH.get
+#: ``{"on": bool | None, "why": reason or None}`` for ``jitkey info`` (``on`` is None while undecided).
+status = PATH.status
 
 
 def _same(torch: Any, got: Any, want: Any) -> str | None:

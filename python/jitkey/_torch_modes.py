@@ -19,9 +19,7 @@ import os
 import threading
 from typing import Any
 
-_lock = threading.Lock()
-#: ``(modes or None, why not)`` once decided.
-_state: tuple[Any, str | None] | None = None
+from jitkey._proven import Proven
 
 
 def functions(torch: Any) -> tuple[Any, Any, Any, Any]:
@@ -34,31 +32,7 @@ def functions(torch: Any) -> tuple[Any, Any, Any, Any]:
     )
 
 
-def get() -> Any:
-    """The proven ``_TorchModes``, or None (see :func:`status`). Decided at the first call."""
-    if _state is not None:
-        return _state[0]
-    import torch
-
-    with _lock:
-        if _state is None:
-            _decide(torch)
-    assert _state is not None
-    return _state[0]
-
-
-def status() -> dict[str, Any]:
-    """``{"on": bool | None, "why": reason or None}`` for ``jitkey info`` (``on`` is None while undecided)."""
-    if _state is None:
-        return {"on": None, "why": "not decided yet (decided when the first DSL site is made)"}
-    return {"on": _state[0] is not None, "why": _state[1]}
-
-
-def _decide(torch: Any) -> None:
-    global _state
-    if os.environ.get("JITKEY_NATIVE_MODES", "").strip() == "0":
-        _state = (None, "JITKEY_NATIVE_MODES=0")
-        return
+def _make(torch: Any) -> tuple[Any, str | None]:
     from jitkey._core import _TorchModes
 
     lib = os.path.join(os.path.dirname(torch.__file__), "lib")
@@ -67,13 +41,19 @@ def _decide(torch: Any) -> None:
             os.path.join(lib, "libtorch_cpu.so"), os.path.join(lib, "libc10.so"), functions(torch)
         )
     except OSError as exc:
-        _state = (None, f"torch's mode functions are not available: {exc}")
-        return
+        return None, f"torch's mode functions are not available: {exc}"
     try:
-        why = prove(torch, modes)
+        return modes, prove(torch, modes)
     except Exception as exc:  # proving failed: the Python functions it is
-        why = f"proving the native mode reads raised {type(exc).__name__}: {exc}"
-    _state = (modes, None) if why is None else (None, why)
+        return None, f"proving the native mode reads raised {type(exc).__name__}: {exc}"
+
+
+#: The path (decided when the first DSL site of the process is made).
+PATH = Proven("JITKEY_NATIVE_MODES", "not decided yet (decided when the first DSL site is made)", _make)
+#: The proven ``_TorchModes``, or None (see :func:`status`).
+get = PATH.get
+#: ``{"on": bool | None, "why": reason or None}`` for ``jitkey info`` (``on`` is None while undecided).
+status = PATH.status
 
 
 def _states(torch: Any) -> list[tuple[str, Any]]:
