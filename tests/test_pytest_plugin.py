@@ -125,3 +125,65 @@ def test_the_summary_says_which_integrations_are_on(tmp_path: Path) -> None:
             assert f"{name} off ({st['why']})" in line, line
     off = run_pytest(tmp_path, PASSING, "--jitkey-integrations", "--jitkey-off")
     assert "jitkey integrations:" not in off.stdout, off.stdout
+
+
+AS_WORKER = """
+import pytest
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    # What pytest-xdist gives a worker's config; and a snapshot after every test.
+    config.workerinput = {"workerid": "gw7"}
+    config.workeroutput = {}
+    import jitkey.pytest_plugin
+
+    jitkey.pytest_plugin._SNAPSHOT_EVERY = 0.0
+"""
+
+
+def test_an_xdist_worker_keeps_a_snapshot_of_its_numbers(tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(AS_WORKER))
+    report = tmp_path / "r.json"
+    proc = run_pytest(
+        tmp_path, PASSING + "\n\ndef test_again():\n    pass\n", f"--jitkey-report-json={report}"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    snap = tmp_path / "r.json.workers" / "gw7.json"
+    import json
+
+    rep = json.loads(snap.read_text())
+    assert {"kernels", "launches", "hits", "fallback_reasons"} <= set(rep), rep
+    assert not report.exists()  # a worker hands its report to the controller; only the controller writes it
+    assert not [p for p in snap.parent.iterdir() if p.suffix == ".tmp"]
+
+
+def test_a_worker_that_never_reported_is_counted_from_its_last_snapshot(tmp_path: Path) -> None:
+    """A time limit that stops a run inside a long test loses that worker's final numbers: the controller
+    counts it as of its last snapshot (and ignores an earlier run's snapshots), and says so."""
+    pytest.importorskip("triton")
+    import json
+    import time
+
+    import jitkey.triton
+
+    report = tmp_path / "r.json"
+    workers = tmp_path / "r.json.workers"
+    workers.mkdir()
+    snap = jitkey.triton.merge_reports([], 10)
+    snap.update(kernels=3, launches=100, hits=90, misses=3, fallbacks=7, driver_launches=80)
+    snap["fallback_reasons"] = {"pre_run_hooks": 7}
+    (workers / "gw3.json").write_text(json.dumps(snap))
+    old = workers / "gw9.json"  # an earlier run's
+    old.write_text(json.dumps({**snap, "launches": 10**6}))
+    t = time.time()
+    os.utime(old, (t - 3600, t - 3600))
+    os.utime(workers / "gw3.json", (t + 60, t + 60))  # as if written during the run (which starts after now)
+    proc = run_pytest(tmp_path, PASSING, f"--jitkey-report-json={report}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rep = json.loads(report.read_text())
+    assert rep["workers_from_snapshots"] == 1, rep
+    assert (rep["launches"], rep["hits"], rep["fallbacks"]) == (100, 90, 7)
+    assert rep["fallback_reasons"] == {"pre_run_hooks": 7}
+    assert "1 xdist workers never reported their final numbers" in proc.stdout, proc.stdout

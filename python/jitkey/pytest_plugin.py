@@ -7,7 +7,10 @@ misses, fallbacks by reason, the misses the L2 served (kernels an earlier proces
 disk index) and the busiest kernels. With pytest-xdist the workers' numbers are summed.
 
 Options: ``--jitkey-top N`` (busiest kernels shown, default 10), ``--jitkey-report-json PATH`` (the report
-as JSON), ``--jitkey-off`` (load the plugin but leave Triton alone: a plain run with the same command line),
+as JSON; with pytest-xdist each worker also keeps a snapshot of its numbers, at most every 5 s between tests,
+in ``PATH.workers/<worker>.json``, and a worker whose final numbers never reached the controller, say because a
+time limit stopped the run inside a long test, is counted from its last snapshot: the report says how many
+were), ``--jitkey-off`` (load the plugin but leave Triton alone: a plain run with the same command line),
 ``--jitkey-integrations`` (also install every DSL integration whose library is installed and supported,
 :func:`jitkey.integrations.install_available`; the report then covers the DSL layer too: calls, plan replays,
 bound calls, misses, fallbacks and refused recordings by reason, and a line says which integrations are on and
@@ -23,13 +26,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 _KEY = "jitkey_report"
+#: Seconds between a worker's snapshots of its numbers (taken between tests).
+_SNAPSHOT_EVERY = 5.0
+#: This process's config when it is an xdist worker that keeps snapshots (else None).
+_worker_config: pytest.Config | None = None
 
 
 def _non_negative(text: str) -> int:
@@ -83,7 +92,13 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: Any, args
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    global _worker_config
     config._jitkey_reports = []  # type: ignore[attr-defined]
+    config._jitkey_reported = set()  # type: ignore[attr-defined]
+    config._jitkey_started = time.time() - 1.0  # type: ignore[attr-defined]
+    config._jitkey_snapshot_at = time.monotonic()  # type: ignore[attr-defined]
+    if hasattr(config, "workerinput") and _snapshot_dir(config) and not config.getoption("--jitkey-off"):
+        _worker_config = config
     _install(config, config.getoption("--jitkey-off"), config.getoption("--jitkey-integrations"))
 
 
@@ -136,6 +151,36 @@ def _local_report(config: pytest.Config) -> dict[str, Any] | None:
     return rep
 
 
+def _snapshot_dir(config: pytest.Config) -> str | None:
+    path = config.getoption("--jitkey-report-json")
+    return None if not path else f"{path}.workers"
+
+
+def _snapshot(config: pytest.Config) -> None:
+    """An xdist worker with ``--jitkey-report-json``: its numbers so far, written whole (temp file + rename)."""
+    where = _snapshot_dir(config)
+    rep = _local_report(config) if where else None
+    if rep is None or where is None:
+        return
+    os.makedirs(where, exist_ok=True)
+    final = os.path.join(where, f"{config.workerinput['workerid']}.json")  # type: ignore[attr-defined]
+    tmp = f"{final}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(rep, f)
+    os.replace(tmp, final)
+
+
+def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
+    config = _worker_config
+    if config is None:
+        return
+    now = time.monotonic()
+    if now - config._jitkey_snapshot_at < _SNAPSHOT_EVERY:  # type: ignore[attr-defined]
+        return
+    config._jitkey_snapshot_at = now  # type: ignore[attr-defined]
+    _guard(config, "writing this worker's snapshot", lambda: _snapshot(config))
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     workeroutput = getattr(config, "workeroutput", None)
@@ -147,6 +192,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
                 workeroutput[_KEY] = json.dumps(rep)
 
         _guard(config, "collecting this worker's report", hand_over)
+        if _worker_config is not None:
+            _guard(config, "writing this worker's snapshot", lambda: _snapshot(config))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -157,8 +204,27 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
         raw = getattr(node, "workeroutput", {}).get(_KEY)
         if raw:
             config._jitkey_reports.append(json.loads(raw))
+            config._jitkey_reported.add(node.workerinput["workerid"])
 
     _guard(config, "reading a worker's report", collect)
+
+
+def _snapshots(config: pytest.Config) -> list[dict[str, Any]]:
+    """The last snapshots of the workers whose final numbers did not arrive (this run's: newer than its start)."""
+    where = _snapshot_dir(config)
+    if not where or not os.path.isdir(where):
+        return []
+    out = []
+    for name in sorted(os.listdir(where)):
+        worker, ext = os.path.splitext(name)
+        path = os.path.join(where, name)
+        if ext != ".json" or worker in config._jitkey_reported:  # type: ignore[attr-defined]
+            continue
+        if os.stat(path).st_mtime < config._jitkey_started:  # type: ignore[attr-defined]
+            continue  # an earlier run's
+        with open(path, encoding="utf-8") as f:
+            out.append(json.load(f))
+    return out
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -188,6 +254,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 def _report(config: pytest.Config) -> dict[str, Any]:
     reports = list(config._jitkey_reports)  # type: ignore[attr-defined]
+    snapshots = _guard(config, "reading the workers' snapshots", lambda: _snapshots(config)) or []
+    reports += snapshots
     local = _local_report(config)
     if local is not None and (local["kernels"] or (local.get("dsl") or {}).get("sites")):
         reports.append(local)  # (a run whose kernels stayed Triton's may still have DSL sites)
@@ -200,6 +268,7 @@ def _report(config: pytest.Config) -> dict[str, Any]:
         import jitkey.dsl
 
         merged["dsl"] = jitkey.dsl.merge_reports(dsl_reports, top)
+    merged["workers_from_snapshots"] = len(snapshots)
     return merged
 
 
@@ -216,6 +285,11 @@ def _reasons(tr: Any, counts: dict[str, int], label: str, most: int | None = 20)
 
 def _print(tr: Any, rep: dict[str, Any]) -> None:
     tr.write_sep("=", "jitkey fast-path report")
+    if rep.get("workers_from_snapshots"):
+        tr.write_line(
+            f"({rep['workers_from_snapshots']} xdist workers never reported their final numbers: they are "
+            "counted as of their last snapshot)"
+        )
     share = rep["warm_fast_path"]
     tr.write_line(
         f"kernels {rep['kernels']}  launches {rep['launches']}  hits {rep['hits']}  misses {rep['misses']}  "
