@@ -78,6 +78,11 @@ def test_the_distributed_check_reads_what_is_initialized_returns(monkeypatch):
     monkeypatch.setattr(c10d._world, "_default_pg", object())  # what init_process_group sets (through WORLD)
     assert check() and torch.distributed.is_initialized()
     monkeypatch.undo()
+    fresh = type(c10d._world)()  # c10d's _world replaced: the check follows the module's attribute
+    fresh._default_pg = object()
+    monkeypatch.setattr(c10d, "_world", fresh)
+    assert check() and torch.distributed.is_initialized()
+    monkeypatch.undo()
     # Where torch's source is not what the proof expects, the function itself is the check.
     monkeypatch.setattr(jh, "_dist_check", None)
     monkeypatch.setattr(jh, "_returns", lambda fn, expr: False)

@@ -116,7 +116,7 @@ _dist_check: Any = None
 
 def _dist_initialized(torch: Any) -> Any:
     """``torch.distributed.is_initialized``, or a read of what it returns with no Python frame:
-    ``operator.attrgetter("_default_pg")`` on c10d's ``_world``, where torch's own source shows that
+    ``operator.attrgetter("_world._default_pg")`` on c10d's module, where torch's own source shows that
     ``is_initialized()`` is ``GroupMember.WORLD is not None``, ``WORLD`` is ``_world.default_pg`` and that is
     ``_world._default_pg`` (a ``ProcessGroup``, which has no ``__bool__`` or ``__len__``: truthy exactly when set).
     Decided once per process; anything else keeps ``is_initialized`` (a Python call per Helion call)."""
@@ -138,9 +138,9 @@ def _dist_initialized(torch: Any) -> Any:
                 and not hasattr(pg, "__bool__")
                 and not hasattr(pg, "__len__")
             ):
-                read = operator.attrgetter("_default_pg")
-                if (read(world) is not None) == fn():
-                    check = functools.partial(read, world)
+                read = operator.attrgetter("_world._default_pg")  # c10d's _world as it is at each call
+                if (read(c10d) is not None) == fn():
+                    check = functools.partial(read, c10d)
         except Exception:  # torch's source is not there or not as expected: its own function
             check = fn
         _dist_check = check
