@@ -125,6 +125,9 @@ def _install(config: pytest.Config, off: bool, with_integrations: bool) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    global _worker_config
+    if _worker_config is config:
+        _worker_config = None
     try:
         if "jitkey.integrations" in sys.modules:
             import jitkey.integrations
