@@ -96,7 +96,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config._jitkey_reports = []  # type: ignore[attr-defined]
     config._jitkey_reported = set()  # type: ignore[attr-defined]
     config._jitkey_started = time.time() - 1.0  # type: ignore[attr-defined]
-    config._jitkey_snapshot_at = time.monotonic()  # type: ignore[attr-defined]
+    config._jitkey_snapshot_at = float("-inf")  # type: ignore[attr-defined]  # the first test writes one
     if hasattr(config, "workerinput") and _snapshot_dir(config) and not config.getoption("--jitkey-off"):
         _worker_config = config
     _install(config, config.getoption("--jitkey-off"), config.getoption("--jitkey-integrations"))
