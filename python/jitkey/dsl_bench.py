@@ -18,6 +18,7 @@ process. Inputs are small (4,096 fp32 elements for elementwise kernels).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -123,23 +124,18 @@ def _time(fn: Callable[..., Any], args: tuple[Any, ...], calls: int) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-_sleep_cycles_per_us: float | None = None
-
-
+@functools.cache
 def _cycles_per_us() -> float:
     """``torch.cuda._sleep`` cycles per µs on this GPU (measured once per process with CUDA events)."""
-    global _sleep_cycles_per_us
-    if _sleep_cycles_per_us is None:
-        import torch
+    import torch
 
-        torch.cuda._sleep(1_000_000)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(20_000_000)
-        end.record()
-        end.synchronize()
-        _sleep_cycles_per_us = 20_000_000 / (start.elapsed_time(end) * 1000.0)
-    return _sleep_cycles_per_us
+    torch.cuda._sleep(1_000_000)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(20_000_000)
+    end.record()
+    end.synchronize()
+    return float(20_000_000 / (start.elapsed_time(end) * 1000.0))
 
 
 def _time_held(

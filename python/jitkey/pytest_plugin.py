@@ -159,10 +159,10 @@ def _snapshot_dir(config: pytest.Config) -> str | None:
     return None if not path else f"{path}.workers"
 
 
-def _snapshot(config: pytest.Config) -> None:
-    """An xdist worker with ``--jitkey-report-json``: its numbers so far, written whole (temp file + rename)."""
+def _snapshot(config: pytest.Config, rep: dict[str, Any] | None) -> None:
+    """An xdist worker that keeps snapshots (``_worker_config``): ``rep``, its numbers so far, written whole
+    (temp file + rename)."""
     where = _snapshot_dir(config)
-    rep = _local_report(config) if where else None
     if rep is None or where is None:
         return
     os.makedirs(where, exist_ok=True)
@@ -181,7 +181,7 @@ def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
     if now - config._jitkey_snapshot_at < _SNAPSHOT_EVERY:  # type: ignore[attr-defined]
         return
     config._jitkey_snapshot_at = now  # type: ignore[attr-defined]
-    _guard(config, "writing this worker's snapshot", lambda: _snapshot(config))
+    _guard(config, "writing this worker's snapshot", lambda: _snapshot(config, _local_report(config)))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -189,14 +189,15 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     workeroutput = getattr(config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: hand the numbers to the controller
 
-        def hand_over() -> None:
+        def hand_over() -> dict[str, Any] | None:
             rep = _local_report(config)
             if rep is not None:
                 workeroutput[_KEY] = json.dumps(rep)
+            return rep
 
-        _guard(config, "collecting this worker's report", hand_over)
-        if _worker_config is not None:
-            _guard(config, "writing this worker's snapshot", lambda: _snapshot(config))
+        rep = _guard(config, "collecting this worker's report", hand_over)
+        if rep is not None and _worker_config is not None:  # the last snapshot: the same numbers
+            _guard(config, "writing this worker's snapshot", lambda: _snapshot(config, rep))
 
 
 @pytest.hookimpl(optionalhook=True)
