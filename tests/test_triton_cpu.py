@@ -25,6 +25,7 @@ from jitkey.errors import GlobalsChangedError, JitKeyError  # noqa: E402
 from jitkey.triton import _installed  # noqa: E402
 
 SCALE = 2  # read by k_global
+CSCALE = tl.constexpr(4)  # read by k_cglobal (Helion writes its block sizes so)
 
 
 @triton.jit
@@ -50,6 +51,11 @@ def k_launch_names(x, grid, warmup, BLOCK: tl.constexpr):
 @triton.jit
 def k_global(a, n, BLOCK: tl.constexpr):
     tl.store(a + n, SCALE)
+
+
+@triton.jit
+def k_cglobal(a, n, BLOCK: tl.constexpr):
+    tl.store(a + n, CSCALE)
 
 
 KERNELS = {"full": k_full, "dns": k_dns, "ann": k_ann}
@@ -755,6 +761,48 @@ def test_unkeyable_arg_falls_back(fake_runtime, fake_triton):
     assert len(state["calls"]) == 1
     (reason,) = kernel.cache_stats()["fallback_reasons"]
     assert "function" in reason or "constexpr value of type" in reason
+
+
+def test_constexpr_global_checked_natively_until_it_changes(fake_runtime, fake_triton):
+    """A module-level ``tl.constexpr`` still bound to the same object holding the same value passes with no
+    Python check; rebinding the name, reassigning its ``value`` or rebinding it to an equal object all run
+    Triton's own check again (which raises exactly where Triton's would)."""
+    global CSCALE
+    kernel = jt.bind(k_cglobal)
+    fake_triton(kernel)
+    kernel.cache_key  # noqa: B018 - computes used_global_vals as a compile would
+    assert kernel.used_global_vals
+    x = torch.empty(64)
+
+    def counts():
+        w = kernel.cache_stats()["watched_state"]
+        return w["globals_native"], w["globals_full"]
+
+    ck = kernel[(1,)](x, 0, 16)
+    for _ in range(5):
+        kernel[(1,)](x, 0, 16)
+    assert counts() == (4, 1)  # the first hit ran the full check and took the snapshot
+    old = CSCALE
+    try:
+        CSCALE = tl.constexpr(4)  # an equal constexpr, another object: Triton's check passes
+        kernel[(1,)](x, 0, 16)
+        kernel[(1,)](x, 0, 16)
+        assert counts() == (5, 2)
+        CSCALE.value = 5  # the value reassigned in place: Triton's check raises
+        with pytest.raises(RuntimeError, match="CSCALE"):
+            kernel[(1,)](x, 0, 16)
+        CSCALE.value = 4
+        kernel[(1,)](x, 0, 16)
+        CSCALE = tl.constexpr(6)
+        with pytest.raises(GlobalsChangedError, match="CSCALE"):
+            kernel[(1,)](x, 0, 16)
+        del globals()["CSCALE"]
+        with pytest.raises(GlobalsChangedError, match="CSCALE"):
+            kernel[(1,)](x, 0, 16)
+    finally:
+        CSCALE = old
+    kernel[(1,)](x, 0, 16)
+    assert len(ck.launches) == 5 + 2 + 1 + 1
 
 
 def test_globals_changed_raise(fake_runtime, fake_triton):

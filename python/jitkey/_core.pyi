@@ -443,7 +443,8 @@ class _TritonLauncher:
     ``_jk_miss(grid, args, kwargs) -> (result, _TritonEntry | None)`` and stores the entry (``(MISS, entry)``:
     the kernel was found without a launch, from jitkey's disk index, and is launched as a hit); anything else
     calls its ``_jk_native_fallback(reason, grid, args, kwargs)``; its ``_jk_check_globals()`` checks the
-    globals. ``info`` is the ``TritonInfo`` (``knobs``, ``knob_reads``, ``checks_stages_hook``,
+    globals as Triton does (and is skipped while every global is still bound to the immutable value, or the
+    ``tl.constexpr`` holding it, that its last pass saw). ``info`` is the ``TritonInfo`` (``knobs``, ``knob_reads``, ``checks_stages_hook``,
     ``HookChain``, ``run_keywords``: a keyword argument named like one of ``JITFunction.run``'s own goes to
     Triton's path, which raises or consumes it); ``runtime`` has ``get_device()`` and ``get_stream(device)``,
     and optionally ``native``: a :class:`_TorchCurrent` proven equal to them (or None); ``npos`` parameters
@@ -483,8 +484,9 @@ class _TritonLauncher:
         """The cache the launcher stores its entries in."""
     def state_counts(self) -> dict[str, Any]:
         """``watched`` (calls served by the kept state of Triton's objects), ``reads`` (times that state was
-        read from the objects: on every call when it cannot be watched) and ``unwatched`` (why the last read
-        was not kept, or None)."""
+        read from the objects: on every call when it cannot be watched), ``unwatched`` (why the last read
+        was not kept, or None), ``globals_native`` (globals checks passed by the snapshot of what Triton's
+        check compares, with no Python run) and ``globals_full`` (``_jk_check_globals()`` run)."""
     @property
     def native_current(self) -> bool:
         """Whether the device and stream are read through torch's C shim."""

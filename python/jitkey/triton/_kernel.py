@@ -251,8 +251,6 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
             if self._jk_ready:
                 return
             self._jk_lock = threading.Lock()
-            self._jk_ugv_src: object = None
-            self._jk_ugv_snap: list[list[Any]] = []
             self._jk_logged: set[str] = set()
             # JITFunction keeps the function's names in __dict__ (fn itself may be None: see __setstate__)
             d = self.__dict__
@@ -471,26 +469,14 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         return None
 
     def _jk_check_globals(self) -> None:
-        """Triton's ``used_global_vals`` check; identity short-cut only for immutable builtin values."""
-        ugv = self.used_global_vals
-        if ugv is not self._jk_ugv_src:
-            with self._jk_lock:
-                snap = []
-                for (name, _), (val, gdict) in ugv.items():
-                    cur = gdict.get(name, _MISSING)
-                    imm = type(val) in (int, float, bool, str, bytes, type(None))
-                    snap.append([gdict, name, val, cur, imm])
-                self._jk_ugv_snap, self._jk_ugv_src = snap, ugv
-        for item in self._jk_ugv_snap:
-            gdict, name, val, seen, imm = item
-            cur = gdict.get(name, _MISSING)
-            if imm and cur is seen:
-                continue
-            if cur != val:
+        """Triton's ``used_global_vals`` check, as ``JITFunction.run`` makes it (the launcher skips it while
+        its snapshot of the globals holds: ``rust/py/src/launch/globals.rs``)."""
+        missing = _MISSING
+        for (name, _), (val, gdict) in self.used_global_vals.items():
+            if (cur := gdict.get(name, missing)) != val:
                 raise GlobalsChangedError(
                     f"Global variable {name} has changed since we compiled this kernel, from {val} to {cur}"
                 )
-            item[3] = cur
 
 
 class _NoRuntime:

@@ -23,6 +23,7 @@
 mod bind;
 mod compiled;
 mod entry;
+mod globals;
 mod pack;
 mod plan;
 mod state;
@@ -47,6 +48,7 @@ use crate::signature::{ParamNames, Signature};
 use crate::torch::TorchCurrent;
 use bind::{BoundArgs, KwPlans};
 use entry::Entry;
+use globals::GlobalsCheck;
 use pack::Slots;
 use plan::Stream;
 use state::{Current, Kept, Obj, State};
@@ -107,6 +109,8 @@ pub(crate) struct Launcher {
     /// The names `JITFunction.run` takes for itself (`grid`, `warmup`; interned): a keyword argument
     /// so named is never bound here (Triton raises `TypeError` for it, or consumes it).
     run_keywords: Vec<Py<PyString>>,
+    /// Triton's globals check, by a snapshot while it holds (`globals`).
+    globals: GlobalsCheck,
 }
 
 fn borrowed<'a, 'py>(py: Python<'py>, p: *mut ffi::PyObject) -> Borrowed<'a, 'py, PyAny> {
@@ -277,8 +281,9 @@ impl Launcher {
             )
         })?;
         let e = entry.get();
-        if st.used_global_vals.b(py).is_truthy()? {
-            self.check_globals.bind(py).call0()?;
+        let ugv = st.used_global_vals.b(py);
+        if ugv.is_truthy()? {
+            self.globals.check(py, ugv, self.check_globals.bind(py))?;
         }
         let params = b.params();
         let grid = if grid.is_exact_instance_of::<PyTuple>() || !grid.is_callable() {
@@ -419,6 +424,7 @@ impl Launcher {
             off,
             kept: Kept::default(),
             run_keywords,
+            globals: GlobalsCheck::default(),
         })
     }
 
@@ -479,7 +485,8 @@ impl Launcher {
 
     /// `state_counts() -> dict`: `watched` (calls served by the kept state of Triton's objects),
     /// `reads` (times that state was read from the objects: on every call when it cannot be
-    /// watched) and `unwatched` (why the last read was not kept, or None).
+    /// watched), `unwatched` (why the last read was not kept, or None), `globals_native` (globals
+    /// checks passed by the snapshot, no Python run) and `globals_full` (Triton's full check run).
     fn state_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         self.state_counts_dict(py)
     }
@@ -521,12 +528,14 @@ impl Launcher {
             visit.call(o)?;
         }
         self.kw_plans.visit(&visit)?;
+        self.globals.visit(&visit)?;
         self.visit_kept(&visit)
     }
 
     fn __clear__(&self) {
         self.clear_kept();
         self.kw_plans.clear();
+        self.globals.clear();
     }
 }
 

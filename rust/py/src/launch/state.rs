@@ -436,6 +436,8 @@ impl Launcher {
         d.set_item("watched", self.kept.watched.load(Ordering::Relaxed))?;
         d.set_item("reads", self.kept.reads.load(Ordering::Relaxed))?;
         d.set_item("unwatched", self.unwatched_reason(py))?;
+        d.set_item("globals_native", self.globals.native.load(Ordering::Relaxed))?;
+        d.set_item("globals_full", self.globals.full.load(Ordering::Relaxed))?;
         Ok(d)
     }
 
