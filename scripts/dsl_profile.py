@@ -1,7 +1,11 @@
 """Where a warm Helion call (and a FlagGems op) through jitkey.dsl spends its host time (GPU): each piece
 timed alone; for FlagGems, each op's replayed plan (its steps) and how often a compiled step declined.
 
-    python scripts/dsl_profile.py [helion] [flag_gems]
+    python scripts/dsl_profile.py [helion] [flag_gems] [cases]
+
+``cases``: every Helion case of the DSL bench, pieces timed interleaved (each item's batch in turn, 40
+rounds, the host alone behind a GPU sleep): the call, the site's key, the plan's replay, and torch's and the
+native allocations; prints each plan's steps.
 
 Each figure is the median over 15 loops of 2,000 back-to-back calls (µs per call), synchronized between loops,
 and the host alone: 300 calls queued behind a GPU sleep, so the GPU does not pace them.
@@ -166,6 +170,50 @@ def flag_gems() -> None:
         print("  stats:", site.stats())
 
 
+def cases() -> None:
+    from jitkey import _torch_alloc, dsl_bench
+
+    alloc = _torch_alloc.get()
+    x = torch.randn(4096, device="cuda")
+    items = {"torch.add(x, x)": (torch.add, (x, x))}
+    for name, _ref, call, args, _tol in dsl_bench.helion_cases():
+        for _ in range(3):
+            call(*args)
+        site = call._jk_call.site
+        plan = site.plan(*args)
+        print(f"{name}: steps {[(kind, _describe(t)) for kind, t in plan.steps]}")
+        items[f"{name}: call"] = (call, args)
+        items[f"{name}: site.key"] = (site.key, args)
+        items[f"{name}: plan"] = (plan, args)
+    f32 = torch.float32
+    items["torch.empty_like(x)"] = (torch.empty_like, (x,))
+    items["torch.empty([64], dtype, device)"] = (lambda: torch.empty([64], dtype=f32, device=x.device), ())
+    if alloc is not None:
+        items["native empty_like(x)"] = (alloc.empty_like, (x,))
+        items["native empty_strided([64])"] = (alloc.empty_strided, ([64], [1], "float32", x.device.index))
+    hold = {}
+    for k, (f, a) in items.items():
+        for _ in range(3):
+            torch.cuda.synchronize()
+            hold[k] = 2.0 * dsl_bench._time(f, a, 200) * 200 + 1000.0
+    times = {k: [] for k in items}
+    keys = list(items)
+    for b in range(40):
+        for k in keys[b % len(keys) :] + keys[: b % len(keys)]:
+            f, a = items[k]
+            t, outlasted = dsl_bench._time_held(f, a, 200, hold[k])
+            times[k].append(t)
+            if not outlasted:
+                hold[k] *= 2.0
+            torch.cuda.synchronize()
+    for k, v in times.items():
+        print(
+            f"{k:55s} {sorted(v)[len(v) // 2]:7.3f} us (host alone, median of {len(v)} interleaved batches)"
+        )
+
+
+if "cases" in WHICH:
+    cases()
 if "helion" in WHICH:
     helion()
 if "flag_gems" in WHICH:
