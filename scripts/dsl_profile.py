@@ -173,7 +173,6 @@ def flag_gems() -> None:
 def cases() -> None:
     from jitkey import _torch_alloc, dsl_bench
 
-    alloc = _torch_alloc.get()
     x = torch.randn(4096, device="cuda")
     items = {"torch.add(x, x)": (torch.add, (x, x))}
     for name, _ref, call, args, _tol in dsl_bench.helion_cases():
@@ -185,6 +184,8 @@ def cases() -> None:
         items[f"{name}: call"] = (call, args)
         items[f"{name}: site.key"] = (site.key, args)
         items[f"{name}: plan"] = (plan, args)
+    alloc = _torch_alloc.get()
+    print("native allocation:", _torch_alloc.status())
     f32 = torch.float32
     items["torch.empty_like(x)"] = (torch.empty_like, (x,))
     items["torch.empty([64], dtype, device)"] = (lambda: torch.empty([64], dtype=f32, device=x.device), ())

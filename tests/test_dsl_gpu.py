@@ -267,6 +267,16 @@ def test_plans_make_their_cuda_tensors_natively_as_torch_would():
     _, plan, why = dsl.record(f, (x,))
     assert why is None, why
     assert [k for k, _ in plan.steps] == ["empty_like", "empty"]
+
+    def g(x):  # sizes as a list (Helion writes `torch.empty([m], ...)`), items read from the keyed shape
+        m, n = x.size()
+        return torch.empty([m, n], dtype=x.dtype, device=x.device)
+
+    _, gplan, why = dsl.record(g, (x,))
+    assert why is None, why
+    assert [k for k, _ in gplan.steps] == ["empty"]
+    made = gplan(x)
+    assert (made.shape, made.stride(), made.dtype, made.device) == (x.shape, x.stride(), x.dtype, x.device)
     wide = torch.randn(8, 8, device=DEV)
     for t in (
         x,

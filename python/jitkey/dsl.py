@@ -79,6 +79,11 @@ def exact() -> rules.ByTypeRule:
     )
 
 
+def _constant(src: Any) -> bool:
+    """Whether a recorder source is fixed by the key: a constant, or a tuple or list built of constants."""
+    return src[0] == "c" or (src[0] in ("t", "l") and all(_constant(s) for s in src[1]))
+
+
 class Bound(NamedTuple):
     """What a DSL does for one call's arguments, as ``bind`` names it.
 
@@ -339,8 +344,9 @@ class _Recorder:
             if len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
                 return "empty_like", (alloc, func)
             return "call", func
-        # torch.empty / empty_strided: only with every argument a constant, the dtype and the device named.
-        if not all(self.src(a)[0] == "c" for a in (*args, *kwargs.values())):
+        # torch.empty / empty_strided: only with every argument a constant (a list of constants counts: the
+        # native step does not pass it on), the dtype and the device named.
+        if not all(_constant(self.src(a)) for a in (*args, *kwargs.values())):
             return "call", func
         dev, dtype = kwargs.get("device"), kwargs.get("dtype")
         named = isinstance(dev, torch.device) and dev.index is not None
