@@ -395,3 +395,29 @@ def test_torch_size_binds_like_a_tuple():
     assert k != k_obj.key_of((x, torch.Size([64, 17]), 5, 1, 1), {}, device=0)
     assert k != k_obj.key_of((x, (64, 64), 5, 1, 1), {}, device=0)
     _triton_key(k_obj, args, {})  # Triton binds it too
+
+
+def test_tensor_descriptors_keyable_once_imported_but_not_imported_by_jitkey():
+    """``import jitkey.triton`` does not import ``triton.tools.tensor_descriptor`` (a decoration-only process does
+    not pay for it); a program that imports it later can key descriptors at once, as Triton specializes them,
+    and the module keeps its own loader."""
+    code = textwrap.dedent(
+        """
+        import importlib.machinery, sys
+        import torch
+        import jitkey, jitkey.triton
+        assert "triton.tools.tensor_descriptor" not in sys.modules
+        import triton.tools.tensor_descriptor as m
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        x = torch.empty(64, 64)
+        a, b = TensorDescriptor.from_tensor(x, [16, 16]), TensorDescriptor.from_tensor(x, [16, 32])
+        assert jitkey.encode(a) == jitkey.encode(TensorDescriptor.from_tensor(x, [16, 16]))
+        assert jitkey.encode(a) != jitkey.encode(b)
+        assert isinstance(m.__loader__, importlib.machinery.SourceFileLoader), m.__loader__
+        assert m.__spec__.loader is m.__loader__
+        assert not any(type(f).__name__ == "_AfterImport" for f in sys.meta_path)
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr

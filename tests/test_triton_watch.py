@@ -572,3 +572,32 @@ def test_an_unknown_knob_attribute_kind_is_not_watched() -> None:
     assert _watch._kind(knobs.compilation_knobs, "always_compile", env_types) == "env"
     assert _watch._kind(WithProperty, "debug", env_types) is None
     assert _watch._kind(knobs.cache_knobs, "dir", env_types) is None  # env_str_callable_default: runs code
+
+
+def test_construction_writes_unwatched_then_every_write_watched() -> None:
+    """``JITFunction.__init__``'s attribute writes go through the plain ``object.__setattr__`` (no kernel can have
+    kept state yet); the kernel is a ``TritonKernel`` when construction ends, one bump stands for them, and every
+    later write bumps. ``object.__setattr__(kernel, ...)`` works on it as on a ``JITFunction``."""
+    v = _core._watch_version()
+    k = jt.TritonKernel(_k)
+    assert type(k) is jt.TritonKernel and isinstance(k, triton.runtime.JITFunction)
+    assert _core._watch_version() > v and k.arg_names == ["a", "n", "m", "BLOCK"]
+    v = _core._watch_version()
+    k.debug = True
+    assert _core._watch_version() > v
+    object.__setattr__(k, "noinline", True)  # no bump (Triton's own writes never do this), but no error
+    assert k.noinline is True
+    half = jt.TritonKernel.__new__(jt.TritonKernel)
+    with pytest.raises(TypeError):  # a construction that fails leaves the object a TritonKernel
+        half.__init__(42)
+    assert type(half) is jt.TritonKernel
+
+    class Mine(jt.TritonKernel):
+        writes: list[str] = []
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            Mine.writes.append(name)
+            super().__setattr__(name, value)
+
+    m = Mine(_k)
+    assert type(m) is Mine and "params" in Mine.writes  # a subclass sees its construction's writes

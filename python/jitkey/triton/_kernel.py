@@ -179,7 +179,18 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
     _jk_stats: KernelStats = None  # type: ignore[assignment]  # made by _jk_prepare
 
     def __init__(self, fn: Any, *args: Any, **kwargs: Any) -> None:
-        JITFunction.__init__(self, fn, *args, **kwargs)
+        if type(self) is TritonKernel:
+            # JITFunction.__init__ sets about 30 attributes: through _Building's plain object.__setattr__ (no
+            # kernel has a launcher yet, nothing to watch), then the class is TritonKernel again and one bump
+            # stands for them all. A subclass of TritonKernel keeps its own __setattr__ throughout.
+            self.__class__ = _Building
+            try:
+                JITFunction.__init__(self, fn, *args, **kwargs)
+            finally:
+                object.__setattr__(self, "__class__", TritonKernel)
+                _watch_bump()
+        else:
+            JITFunction.__init__(self, fn, *args, **kwargs)
         _count_made()
 
     @classmethod
@@ -221,18 +232,23 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         return (copyreg.__newobj__, (type(self),), self.__getstate__())  # type: ignore[attr-defined]
 
     # -- attribute writes are watched: what a hit reads from the kernel is kept while none happens ------
-    def __setattr__(self, name: str, value: Any) -> None:
+    # Python, not a native slot: a C-level __setattr__ in a base class makes CPython refuse
+    # object.__setattr__(kernel, ...), which works on a JITFunction. The defaults bind what each call needs
+    # (JITFunction.__init__ sets about 30 attributes: this is most of what decoration adds to Triton's).
+    def __setattr__(
+        self, name: str, value: Any, _set: Any = object.__setattr__, _bump: Any = _watch_bump
+    ) -> None:
         """Set an attribute, as on a ``JITFunction``; a launch after it reads the kernel's state again (see
         ``jitkey/triton/_watch.py``). jitkey's own ``_jk_*`` attributes are not part of that state."""
-        super().__setattr__(name, value)
-        if not name.startswith("_jk_"):
-            _watch_bump()
+        _set(self, name, value)
+        if name[:4] != "_jk_":
+            _bump()
 
-    def __delattr__(self, name: str) -> None:
+    def __delattr__(self, name: str, _del: Any = object.__delattr__, _bump: Any = _watch_bump) -> None:
         """Delete an attribute, as on a ``JITFunction`` (watched like :meth:`__setattr__`)."""
-        super().__delattr__(name)
-        if not name.startswith("_jk_"):
-            _watch_bump()
+        _del(self, name)
+        if name[:4] != "_jk_":
+            _bump()
 
     def __copy__(self) -> TritonKernel:
         """``copy.copy``: like a ``JITFunction``'s (a shallow copy sharing Triton's state), with its own jitkey
@@ -477,6 +493,13 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
                 raise GlobalsChangedError(
                     f"Global variable {name} has changed since we compiled this kernel, from {val} to {cur}"
                 )
+
+
+class _Building(TritonKernel):
+    """A :class:`TritonKernel` while ``JITFunction.__init__`` runs on it (see ``TritonKernel.__init__``)."""
+
+    __setattr__ = object.__setattr__  # type: ignore[assignment]  # (no bound defaults: the plain slot)
+    __delattr__ = object.__delattr__  # type: ignore[assignment]
 
 
 class _NoRuntime:
