@@ -442,20 +442,25 @@ class _AfterImport:
     def __init__(self, pending: dict[str, list[tuple[str, Callable[[Any], Any], bool]]]) -> None:
         self.pending = pending
         self.lock = threading.Lock()
+        self.busy = threading.local()  # another finder that asks all of sys.meta_path asks this one again
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in self.pending:
+        if fullname not in self.pending or getattr(self.busy, "on", False):
             return None
         import sys
 
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
+        self.busy.on = True
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self.busy.on = False
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
             spec.loader = _Then(spec.loader, self.ran)
         return spec
