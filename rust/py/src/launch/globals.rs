@@ -12,9 +12,11 @@
 //! still bound to those very objects passes without calling Python, where that is exactly Triton's
 //! answer: the object is an immutable builtin (`int`, `float`, `bool`, `str`, `bytes`), or an exact
 //! `tl.constexpr` whose `value` is still the same immutable builtin (its `__ne__` reads nothing
-//! else; the class has no `__getattribute__` of its own, so reading `value` runs no Python code). `val` itself is Triton's private deep copy. Anything else (a name rebound, a `value`
-//! reassigned, a mutable global, a dict that is not a plain dict) runs the full check, and a global of
-//! a kind the snapshot cannot vouch for makes every launch run it, as before.
+//! else; the class has no `__getattribute__` of its own, so reading `value` runs no Python code).
+//! `val` itself is Triton's private deep copy. Anything else (a name rebound, a `value` reassigned,
+//! a mutable global, a dict that is not a plain dict) runs the full check, and a global of a kind
+//! the snapshot cannot vouch for makes every launch run it, as before. Taking a snapshot never
+//! fails a launch: where it cannot be taken, the full check runs every time.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -56,7 +58,7 @@ fn immutable(p: *mut ffi::PyObject) -> bool {
 
 impl Item {
     /// Whether the global is still bound as the snapshot saw it (no Python code runs: `gdict` is an
-    /// exact dict and `name` an exact str; a constexpr's `value` is read from its instance dict).
+    /// exact dict and `name` an exact str; a constexpr's class has the generic attribute lookup).
     fn holds(&self, py: Python<'_>) -> bool {
         // SAFETY: gdict is an exact dict and name an exact str (checked when taken); the item is a
         // borrowed reference, compared by address only.
@@ -122,7 +124,8 @@ impl GlobalsCheck {
         }
         full.call0()?;
         self.full.fetch_add(1, Ordering::Relaxed);
-        let taken = take(py, ugv)?.map(Arc::new);
+        // An error here (none is expected: exact dicts, tuples and str) only costs the fast path.
+        let taken = take(py, ugv).ok().flatten().map(Arc::new);
         *self.snap.lock().unwrap_or_else(PoisonError::into_inner) = taken;
         Ok(())
     }
