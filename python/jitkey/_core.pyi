@@ -444,9 +444,9 @@ class _TritonLauncher:
     the kernel was found without a launch, from jitkey's disk index, and is launched as a hit); anything else
     calls its ``_jk_native_fallback(reason, grid, args, kwargs)``; its ``_jk_check_globals()`` checks the
     globals as Triton does (and is skipped while every global is still bound to the immutable value, or the
-    ``tl.constexpr`` holding it, that its last pass saw). ``info`` is the ``TritonInfo`` (``knobs``, ``knob_reads``, ``checks_stages_hook``,
-    ``HookChain``, ``run_keywords``: a keyword argument named like one of ``JITFunction.run``'s own goes to
-    Triton's path, which raises or consumes it); ``runtime`` has ``get_device()`` and ``get_stream(device)``,
+    ``tl.constexpr`` holding it, that its last pass saw). ``info`` is the ``TritonInfo`` (``knobs``,
+    ``knob_reads``, ``checks_stages_hook``, ``HookChain``, ``run_keywords``: a keyword argument named like one
+    of ``JITFunction.run``'s own goes to Triton's path, which raises or consumes it); ``runtime`` has ``get_device()`` and ``get_stream(device)``,
     and optionally ``native``: a :class:`_TorchCurrent` proven equal to them (or None); ``npos`` parameters
     may be passed positionally. ``watch`` has ``problem`` (why what the launch reads from Triton's objects is
     read on every call, or None) and ``kinds`` (``{(knob class, attribute): "plain" | "env"}``: the knob reads

@@ -17,13 +17,14 @@ import inspect
 import logging
 import os
 import re
+import sys
 import threading
 import types
 from collections.abc import Callable
 from typing import Any
 
 from jitkey import _triton_table
-from jitkey._core import _LaunchPlan
+from jitkey._core import _LaunchPlan, _register_key_adapter
 from jitkey.errors import Unkeyable
 from jitkey.triton import _installation
 
@@ -414,8 +415,6 @@ def register_key_adapters() -> None:
     An adapter whose module Triton has not imported yet (``triton.tools.tensor_descriptor``: only a program that
     makes descriptors imports it) is registered right after that module is first imported (:class:`_AfterImport`),
     so importing jitkey does not import it: no object of its types can exist before then."""
-    import sys
-
     pending: dict[str, list[tuple[str, Callable[[Any], Any], bool]]] = {}
     for module, name, adapter, subclasses in _triton_table.KEY_ADAPTERS:
         if module in sys.modules:
@@ -427,8 +426,6 @@ def register_key_adapters() -> None:
 
 
 def _register(cls: Any, adapter: Callable[[Any], Any], subclasses: bool) -> None:
-    from jitkey._core import _register_key_adapter
-
     if isinstance(cls, type):
         _register_key_adapter(cls, adapter, subclasses=subclasses)
 
@@ -447,8 +444,6 @@ class _AfterImport:
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname not in self.pending or getattr(self.busy, "on", False):
             return None
-        import sys
-
         self.busy.on = True
         try:
             for finder in sys.meta_path:
@@ -466,8 +461,6 @@ class _AfterImport:
         return spec
 
     def ran(self, module: types.ModuleType) -> None:
-        import sys
-
         with self.lock:
             todo = self.pending.pop(module.__name__, [])
             if not self.pending:
