@@ -763,15 +763,21 @@ def test_unkeyable_arg_falls_back(fake_runtime, fake_triton):
     assert "function" in reason or "constexpr value of type" in reason
 
 
+def _reading_globals(fake_triton, fn):
+    """A jitkey kernel of ``fn`` on the stand-in Triton, its ``used_global_vals`` computed as a compile would."""
+    kernel = jt.bind(fn)
+    fake_triton(kernel)
+    kernel.cache_key  # noqa: B018
+    assert kernel.used_global_vals
+    return kernel
+
+
 def test_constexpr_global_checked_natively_until_it_changes(fake_runtime, fake_triton):
     """A module-level ``tl.constexpr`` still bound to the same object holding the same value passes with no
     Python check; rebinding the name, reassigning its ``value`` or rebinding it to an equal object all run
     Triton's own check again (which raises exactly where Triton's would)."""
     global CSCALE
-    kernel = jt.bind(k_cglobal)
-    fake_triton(kernel)
-    kernel.cache_key  # noqa: B018 - computes used_global_vals as a compile would
-    assert kernel.used_global_vals
+    kernel = _reading_globals(fake_triton, k_cglobal)
     x = torch.empty(64)
 
     def counts():
@@ -807,10 +813,7 @@ def test_constexpr_global_checked_natively_until_it_changes(fake_runtime, fake_t
 
 def test_globals_changed_raise(fake_runtime, fake_triton):
     global SCALE
-    kernel = jt.bind(k_global)
-    fake_triton(kernel)
-    kernel.cache_key  # noqa: B018 - computes used_global_vals as a compile would
-    assert kernel.used_global_vals
+    kernel = _reading_globals(fake_triton, k_global)
     x = torch.empty(64)
     ck = kernel[(1,)](x, 0, 16)
     kernel[(1,)](x, 0, 16)
