@@ -178,6 +178,7 @@ def _gems_cases(fg, rng):
             (fg.mean, (x.float(),), {}),
             (fg.softmax, (x.float(), 1), {}),
             (fg.index_select, (x, 0, torch.randint(0, m, (5,), device=DEV)), {}),
+            (fg.embedding, (x, torch.randint(0, m, (rng.choice([1, 3, 40]),), device=DEV)), {}),
         ]
         z = torch.randn(0, n, device=DEV)
         cases.append((fg.add, (z, z), {}))  # zero-size

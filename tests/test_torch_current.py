@@ -1,5 +1,5 @@
 """The current device and stream through torch's stable C shim (``jitkey._core._TorchCurrent``,
-jitkey/triton/_current.py): resolution from the libraries, the proof against the Python getters, the fallback
+jitkey/_torch_current.py): resolution from the libraries, the proof against the Python getters, the fallback
 when the symbols are absent or the proof fails, and hits that read through it (no GPU: the shim is the stand-in
 of tests/data/standin_torch.c, the launch the recording stand-in of tests/test_triton_cpu.py). On a GPU,
 tests/test_triton_gpu.py proves the real shim against torch."""
@@ -24,8 +24,8 @@ import triton.language as tl  # noqa: E402
 
 import jitkey.triton as jt  # noqa: E402
 import test_triton_cpu as cpu  # noqa: E402
+from jitkey import _torch_current as _current  # noqa: E402
 from jitkey._core import _TorchCurrent  # noqa: E402
-from jitkey.triton import _current  # noqa: E402
 
 fake_runtime = cpu.fake_runtime  # the fixtures of tests/test_triton_cpu.py
 fake_triton = cpu.fake_triton
@@ -215,3 +215,75 @@ def test_the_shims_device_keys_the_call(shim: Shim, fake_runtime: Any, fake_trit
     ck = kernel[(1,)](x, 16, 64)  # another device: another key, a miss
     kernel[(1,)](x, 16, 64)
     assert len(state["calls"]) == 2 and ck.launches[-1][3] == 1001
+
+
+# -- DSL sites read the device through the shim ----------------------------------------------------------------
+
+
+def test_a_dsl_site_reads_the_device_through_the_shim_once_proven(
+    shim: Shim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A site keys the current device; from its first miss after the shim is proven, it asks the shim, not
+    ``torch._C._cuda_getDevice`` (here a stand-in that answers otherwise, to see which one was read), and goes
+    back to the Python getter once the shim reports an error."""
+    from jitkey import dsl
+
+    asked: list[int] = []
+
+    def get_device() -> int:  # stands for torch._C._cuda_getDevice
+        asked.append(1)
+        return 1
+
+    def host(x: Any) -> Any:
+        return torch.add(x, x)
+
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", get_device, raising=False)
+    monkeypatch.setattr(_current.PATH, "state", None)
+    site = dsl.Site("test:device", host, lambda args: dsl.Bound(host), fallback=host, state=[get_device])
+    assert site._current_pending
+    x = torch.randn(8)
+    on_getter = site.key(x)
+    assert asked
+    torch.testing.assert_close(site.call(x), x + x)  # a miss while undecided: the site asks again later
+    assert site._current_pending and site._native.native_reads == len(_reads_of(site)) - 1
+    shim.set(5, 0x5000)
+    monkeypatch.setattr(_current.PATH, "state", (shim.current, None))  # proven
+    site.call(torch.randn(9))  # another key: a miss, which hands the site the shim
+    assert not site._current_pending and site._native.native_reads == len(_reads_of(site))
+    asked.clear()
+    on_shim = site.key(x)
+    assert on_shim != on_getter and not asked  # the shim's device (5), the getter not called
+    shim.set(1, 0x5000)
+    assert site.key(x) == on_getter and not asked  # the same device as the getter's: the same key
+    torch.testing.assert_close(site.call(x), x + x)
+    shim.lib.standin_fail(3)  # an error: the Python getter from then on
+    shim.set(5, 0x5000)
+    assert site.key(x) == on_getter and asked
+
+
+def test_a_dsl_site_keeps_the_python_getter_when_the_shim_is_off(
+    shim: Shim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jitkey import dsl
+
+    def get_device() -> int:
+        return 0
+
+    def host(x: Any) -> Any:
+        return torch.neg(x)
+
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", get_device, raising=False)
+    monkeypatch.setattr(_current.PATH, "state", (None, "JITKEY_NATIVE_CURRENT=0"))
+    site = dsl.Site("test:device-off", host, lambda args: dsl.Bound(host), fallback=host, state=[get_device])
+    x = torch.randn(4)
+    site.call(x)
+    assert not site._current_pending  # decided: off, for good
+    assert site._native.native_reads == len(_reads_of(site)) - 1
+
+
+def _reads_of(site: Any) -> list[str]:
+    """The site's reads that can be native: its torch mode reads (when proven here) and the device."""
+    from jitkey import _torch_modes
+
+    n = 4 if _torch_modes.get() is not None else 0
+    return ["mode"] * n + ["device"]

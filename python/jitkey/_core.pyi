@@ -638,6 +638,7 @@ class _Site:
         state: Any,
         npos: int,
         modes: _TorchModes | None = None,
+        device: Callable[[], int] | None = None,
         /,
     ) -> _Site: ...
     @property
@@ -649,9 +650,11 @@ class _Site:
         """The key of such a call (raises where it falls back)."""
     def lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, /) -> Any | None:
         """The plan cached for such a call (None: none)."""
+    def use_current(self, shim: _TorchCurrent, /) -> None:
+        """Read the current device through ``shim`` (proven) from now on; the first one given is kept."""
     @property
     def native_reads(self) -> int:
-        """How many of the checks and state reads go through torch's C++ functions."""
+        """How many of the checks and state reads go through torch's C++ functions (or its C shim)."""
     @property
     def cache(self) -> LruCache:
         """The cache of plans."""

@@ -36,7 +36,8 @@ _DESCRIPTIONS = {
     "native_launcher": "Triton warm launch in one native call",
     "driver_launch": "Triton hit packs the parameters and calls cuLaunchKernelEx itself",
     "watched_state": "Triton state (kernel attrs, knobs, hooks): watched, kept while unchanged (OFF: per-call reads)",
-    "native_current": "Triton hit reads the device and stream through torch's C shim (OFF: torch's Python getters)",
+    "native_current": "Triton hits read the device and stream, DSL sites the device, through torch's C shim (OFF: "
+    "torch's Python getters)",
     "native_alloc": "a replayed DSL plan makes its CUDA tensors through torch's C shim (OFF: torch's Python functions)",
     "native_modes": "a DSL site reads torch's grad, inference, function and dispatch modes through torch's C++ "
     "functions (OFF: torch's Python functions)",

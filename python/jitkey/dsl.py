@@ -48,7 +48,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from jitkey import _deps, _torch_modes, rules
+from jitkey import _deps, _torch_current, _torch_modes, rules
 from jitkey._core import LruCache, Signature, _Plan, _recording, _Site
 from jitkey.errors import SignatureError
 
@@ -619,6 +619,12 @@ class Site:
         self.warmups = 0
         self._stats_lock = threading.Lock()
         all_state = (*_default_state(device), *state)
+        import torch
+
+        get_device = getattr(torch._C, "_cuda_getDevice", None)
+        #: Whether the site reads the current device and has not yet been given torch's C shim for it (done at
+        #: a miss once CUDA is initialized and the shim is proven: ``jitkey._torch_current``).
+        self._current_pending = get_device is not None and any(f is get_device for f in all_state)
         self._native = _Site(
             sig,
             LruCache(capacity),
@@ -628,6 +634,7 @@ class Site:
             all_state,
             self.npos,
             _torch_modes.get(),
+            get_device,
         )
         #: The per-call entry point (a native builtin).
         self.call: Callable[..., Any] = self._native.call
@@ -655,6 +662,8 @@ class Site:
     # -- the Python side of a call ---------------------------------------------------------------
     def _miss(self, args: tuple[Any, ...]) -> tuple[Any, Any]:
         """A miss: ``args`` are bound to every parameter (defaults applied), in order."""
+        if self._current_pending:
+            self._use_current()
         b = self._bind(args)
         if b is None:
             with self._stats_lock:
@@ -670,6 +679,16 @@ class Site:
         if why in _TRANSIENT:  # the DSL compiled or tuned during the call: record the next one
             return result, None
         return result, _bound_plan(b, args, self.kwonly)
+
+    def _use_current(self) -> None:
+        """From now on, read the current device through torch's C shim, if it is proven (once per process, when
+        CUDA is initialized; until then the site asks again at its next miss)."""
+        shim = _torch_current.get()
+        if _torch_current.PATH.state is None:
+            return  # CUDA not initialized yet: undecided
+        self._current_pending = False
+        if shim is not None:
+            self._native.use_current(shim)
 
     def _invoke(self, f: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         if self.kwonly:

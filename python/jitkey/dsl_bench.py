@@ -75,7 +75,7 @@ def flag_gems_cases() -> list[
     tuple[str, Callable[..., Any], Callable[..., Any], tuple[Any, ...], dict[str, float]]
 ]:
     """(name, torch op, FlagGems op, args, tolerances): pointwise (add, mul, exp, gelu, where), reductions
-    (sum, mean), normalization (softmax, layer_norm, rms_norm) and indexing (index_select)."""
+    (sum, mean), normalization (softmax, layer_norm, rms_norm) and indexing (index_select, embedding)."""
     import flag_gems
     import torch
 
@@ -84,6 +84,7 @@ def flag_gems_cases() -> list[
     a2 = torch.randn(64, 256, device=dev)
     w, b = torch.randn(256, device=dev), torch.randn(256, device=dev)
     idx = torch.randint(0, 64, (32,), device=dev)
+    table, tokens = torch.randn(1024, 256, device=dev), torch.randint(0, 1024, (64,), device=dev)
     cond = x > 0
     tol = {"rtol": 1.3e-6, "atol": 1e-5}
     red = {"rtol": 1e-5, "atol": 1e-4}
@@ -106,6 +107,7 @@ def flag_gems_cases() -> list[
         ("layer_norm 64x256 fp32", ln_ref, ln, (a2, (256,), w, b, 1e-5), red),
         ("rms_norm 64x256 fp32", torch.rms_norm, flag_gems.rms_norm, (a2, (256,), w, 1e-5), red),
         ("index_select 64x256 fp32", torch.index_select, flag_gems.index_select, (a2, 0, idx), tol),
+        ("embedding 64 of 1024x256 fp32", torch.embedding, flag_gems.embedding, (table, tokens), tol),
     ]
 
 

@@ -50,8 +50,9 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from jitkey import _torch_current
 from jitkey.errors import Unkeyable
-from jitkey.triton import _current, _installed, _watch
+from jitkey.triton import _installed, _watch
 from jitkey.triton._installed import triton_info
 from jitkey.triton._kernel import (
     TritonKernel,
@@ -157,11 +158,14 @@ def _native_current() -> dict[str, Any]:
         return {"on": on, "why": why, "chosen": why == "JITKEY_NATIVE_CURRENT=0"}
     if _installed.runtime_problem is not None:
         return {"on": False, "why": _installed.runtime_problem}
+    if _torch_current.PATH.state is not None:  # decided by a DSL site before any launch
+        st = _torch_current.status()
+        return {**st, "chosen": st["why"] == "JITKEY_NATIVE_CURRENT=0"}
     try:
         import torch
     except ImportError:
         return {"on": False, "why": "torch is not installed"}
-    shim, why = _current.resolve(torch)
+    shim, why = _torch_current.resolve(torch)
     if shim is None:
         return {"on": False, "why": why, "chosen": why == "JITKEY_NATIVE_CURRENT=0"}
     return {

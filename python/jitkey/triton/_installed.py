@@ -359,7 +359,7 @@ class _ProfileScratch39:
 
 class Runtime:
     """Device/stream getters, resolved once the first launch shows a working CUDA driver (``native``: the
-    same reads through torch's C shim, see ``_current.py``)."""
+    same reads through torch's C shim, see ``jitkey._torch_current``)."""
 
     def __init__(self) -> None:
         from triton.runtime.driver import driver
@@ -379,7 +379,7 @@ class Runtime:
         self.get_device: Callable[[], int] = get_device
         self.get_stream: Callable[[int], int] = get_stream
         # The same reads through torch's C shim, once proven equal to these getters (else None, and why).
-        from jitkey.triton._current import native_getters
+        from jitkey._torch_current import native_getters
 
         self.native, self.native_problem = native_getters(torch, get_device, get_stream)
 

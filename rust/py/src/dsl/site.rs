@@ -10,6 +10,7 @@
 
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
@@ -23,7 +24,7 @@ use crate::keys::{encode_into, fast_hash_state, with_encoder};
 use crate::launch::Leave;
 use crate::lru::PyLruCache;
 use crate::signature::{ArgSlots, ParamNames, Signature};
-use crate::torch::TorchModes;
+use crate::torch::{TorchCurrent, TorchModes};
 
 #[pyclass(name = "_Site", module = "jitkey._core", frozen)]
 pub(crate) struct Site {
@@ -36,6 +37,8 @@ pub(crate) struct Site {
     /// What is folded into every key: the DSL's settings and environment its decisions read, and
     /// torch's modes.
     state: Vec<Read>,
+    /// torch's C shim for the current device (`Read::Device`), once proven (`use_current`).
+    current: OnceLock<Py<TorchCurrent>>,
     /// The parameter names keyword arguments bind to, and how many parameters may be passed by position
     /// (the rest are keyword-only).
     params: ParamNames,
@@ -45,16 +48,23 @@ pub(crate) struct Site {
     stale: AtomicU64,
 }
 
-/// A value a site reads on every call: a Python callable's result, or one of torch's modes read
-/// natively (`crate::torch::TorchModes`, once proven equal to the Python function it stands for).
+/// A value a site reads on every call: a Python callable's result, one of torch's modes read
+/// natively (`crate::torch::TorchModes`, once proven equal to the Python function it stands for), or
+/// the current CUDA device, read through torch's C shim once the site has a proven one.
 enum Read {
     Call(Py<PyAny>),
     /// Read `i` of the modes; the callable is the Python function it stands for.
     Mode(Py<TorchModes>, usize, Py<PyAny>),
+    /// The current device: the site's `TorchCurrent` when set (and not failed), else the callable
+    /// (`torch._C._cuda_getDevice`, whose answer the shim was proven to give).
+    Device(Py<PyAny>),
 }
 
 impl Read {
-    fn new(py: Python<'_>, f: Py<PyAny>, modes: Option<&Py<TorchModes>>) -> Self {
+    fn new(py: Python<'_>, f: Py<PyAny>, modes: Option<&Py<TorchModes>>, device: Option<&Py<PyAny>>) -> Self {
+        if device.is_some_and(|d| d.is(&f)) {
+            return Read::Device(f);
+        }
         match modes.and_then(|m| m.get().which(f.bind(py)).map(|i| (m, i))) {
             Some((m, i)) => Read::Mode(m.clone_ref(py), i, f),
             None => Read::Call(f),
@@ -62,16 +72,20 @@ impl Read {
     }
 
     #[inline]
-    fn get<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    fn get<'py>(&self, py: Python<'py>, current: Option<&Py<TorchCurrent>>) -> PyResult<Bound<'py, PyAny>> {
         match self {
             Read::Call(f) => f.bind(py).call0(),
             Read::Mode(m, i, _) => m.get().read(py, *i),
+            Read::Device(f) => match current.and_then(|c| c.get().device_index()) {
+                Some(d) => Ok(d.into_pyobject(py)?.into_any()),
+                None => f.bind(py).call0(),
+            },
         }
     }
 
     fn traverse(&self, visit: &PyVisit<'_>) -> Result<(), PyTraverseError> {
         match self {
-            Read::Call(f) => visit.call(f),
+            Read::Call(f) | Read::Device(f) => visit.call(f),
             Read::Mode(m, _, f) => {
                 visit.call(m)?;
                 visit.call(f)
@@ -152,7 +166,7 @@ impl Site {
         }
         enc.tuple_header(self.state.len()).map_err(|e| Leave::Raise(PyTypeError::new_err(e.to_string())))?;
         for state in &self.state {
-            let s = state.get(py)?;
+            let s = state.get(py, self.current.get())?;
             encode_into(&s, enc).map_err(|e| {
                 let err = crate::errors::ArgumentError::new_err("the DSL state is not keyable");
                 err.set_cause(py, Some(e.into_pyerr(py, "state")));
@@ -231,7 +245,7 @@ impl Site {
             }
         }
         for (check, reason) in &self.checks {
-            if check.get(py)?.is_truthy()? {
+            if check.get(py, self.current.get())?.is_truthy()? {
                 return self.leave(py, Leave::Fallback(reason.clone_ref(py).into_any()), args, kw);
             }
         }
@@ -368,15 +382,17 @@ unsafe extern "C" fn call_fastcall(
 
 #[pymethods]
 impl Site {
-    /// `_Site(sig, cache, miss, fallback, checks, state, npos, modes=None, /)`: see the module docs.
-    /// ``checks`` is a sequence of ``(callable, reason)``; ``state`` a sequence of callables; ``npos``
-    /// how many of the signature's parameters may be passed by position (the rest are keyword-only).
-    /// ``modes``: a proven ``_TorchModes``; a check or state callable that is one of its Python
-    /// functions is read through it instead of called. A call binds its arguments to every parameter
-    /// (defaults applied) before it is keyed; ``miss`` and plans get the bound arguments, in
-    /// parameter order.
+    /// `_Site(sig, cache, miss, fallback, checks, state, npos, modes=None, device=None, /)`: see the
+    /// module docs. ``checks`` is a sequence of ``(callable, reason)``; ``state`` a sequence of
+    /// callables; ``npos`` how many of the signature's parameters may be passed by position (the rest
+    /// are keyword-only). ``modes``: a proven ``_TorchModes``; a check or state callable that is one of
+    /// its Python functions is read through it instead of called. ``device``: the Python function of
+    /// the current CUDA device (``torch._C._cuda_getDevice``); a check or state callable that is it is
+    /// read through torch's C shim once ``use_current`` has given the site a proven one. A call binds
+    /// its arguments to every parameter (defaults applied) before it is keyed; ``miss`` and plans get
+    /// the bound arguments, in parameter order.
     #[new]
-    #[pyo3(signature = (sig, cache, miss, fallback, checks, state, npos, modes = None, /))]
+    #[pyo3(signature = (sig, cache, miss, fallback, checks, state, npos, modes = None, device = None, /))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -388,6 +404,7 @@ impl Site {
         state: &Bound<'_, PyAny>,
         npos: usize,
         modes: Option<Py<TorchModes>>,
+        device: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let params = ParamNames::new(py, sig.get())?;
         let npos = npos.min(params.len());
@@ -397,7 +414,7 @@ impl Site {
             if !f.is_callable() {
                 return Err(PyTypeError::new_err("_Site: a state entry must be callable"));
             }
-            st.push(Read::new(py, f.unbind(), modes.as_ref()));
+            st.push(Read::new(py, f.unbind(), modes.as_ref(), device.as_ref()));
         }
         let mut cs = Vec::new();
         for c in checks.try_iter()? {
@@ -405,7 +422,10 @@ impl Site {
             if !f.bind(py).is_callable() {
                 return Err(PyTypeError::new_err("_Site: a check must be callable"));
             }
-            cs.push((Read::new(py, f, modes.as_ref()), PyString::intern(py, &reason).unbind()));
+            cs.push((
+                Read::new(py, f, modes.as_ref(), device.as_ref()),
+                PyString::intern(py, &reason).unbind(),
+            ));
         }
         Ok(Self {
             sig,
@@ -414,6 +434,7 @@ impl Site {
             fallback,
             checks: cs,
             state: st,
+            current: OnceLock::new(),
             params,
             npos,
             replays: AtomicU64::new(0),
@@ -498,10 +519,24 @@ impl Site {
         Ok(self.cache.get().get_encoded(py, fast_hash_state().hash(key), key))
     }
 
-    /// How many of the checks and state reads go through torch's C++ functions (``_TorchModes``).
+    /// ``use_current(shim, /)``: read the current device through ``shim`` (a ``_TorchCurrent`` proven
+    /// equal to ``torch._C._cuda_getDevice``) from now on; a site takes the first one it is given.
+    #[pyo3(signature = (shim, /))]
+    fn use_current(&self, shim: Py<TorchCurrent>) {
+        let _ = self.current.set(shim);
+    }
+
+    /// How many of the checks and state reads go through torch's C++ functions (``_TorchModes``, and
+    /// the device through ``_TorchCurrent`` once the site has one).
     #[getter]
     fn native_reads(&self) -> usize {
-        self.checks.iter().map(|(c, _)| c).chain(&self.state).filter(|r| matches!(r, Read::Mode(..))).count()
+        let has_current = self.current.get().is_some();
+        self.checks
+            .iter()
+            .map(|(c, _)| c)
+            .chain(&self.state)
+            .filter(|r| matches!(r, Read::Mode(..)) || (has_current && matches!(r, Read::Device(..))))
+            .count()
     }
 
     /// The cache of plans and bound calls.
@@ -531,6 +566,9 @@ impl Site {
         }
         for s in &self.state {
             s.traverse(&visit)?;
+        }
+        if let Some(c) = self.current.get() {
+            visit.call(c)?;
         }
         self.params.traverse(&visit)?;
         Ok(())

@@ -8,8 +8,8 @@
 //! Python getters. The shim functions catch every C++ exception and return a non-zero
 //! `AOTITorchError` instead (torch logs it with a stack trace); after the first error the shim is
 //! not called again, and callers use the Python getters, which raise torch's own error. Whether
-//! the shim agrees with the Python getters is proven once per process before a launcher uses it
-//! (`jitkey/triton/_current.py`).
+//! the shim agrees with the Python getters is proven once per process before a launcher or a DSL site uses it
+//! (`jitkey/_torch_current.py`).
 
 use std::ffi::{c_void, CString};
 use std::sync::atomic::{AtomicBool, Ordering};

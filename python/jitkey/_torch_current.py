@@ -2,19 +2,20 @@
 
 Triton's CUDA driver reads the current device with ``torch.cuda.current_device`` and the stream with
 ``torch._C._cuda_getCurrentRawStream``; jitkey's launcher calls ``torch._C._cuda_getDevice`` (what the former
-wraps) and the latter, about 0.1-0.2 µs each per launch. torch (2.11) exports the same two reads as C functions
-(``aoti_torch_get_current_device_index`` in ``libtorch_cpu``, ``aoti_torch_get_current_cuda_stream`` in
-``libtorch_cuda``): :func:`native_getters` resolves them from the libraries torch has loaded
-(``jitkey._core._TorchCurrent``) and uses them only after proving, on live state, that they return what the
-Python getters return:
+wraps) and the latter, about 0.1-0.2 µs each per launch, and a DSL site (``jitkey.dsl``) keys the current device
+on every call. torch (2.11) exports the same two reads as C functions (``aoti_torch_get_current_device_index`` in
+``libtorch_cpu``, ``aoti_torch_get_current_cuda_stream`` in ``libtorch_cuda``): :data:`PATH` resolves them from
+the libraries torch has loaded (``jitkey._core._TorchCurrent``) and, once per process, proves on live state that
+they return what ``torch._C._cuda_getDevice`` and ``torch._C._cuda_getCurrentRawStream`` return:
 
 1. the current device and the current stream of that device, as they are;
 2. the stream again while a probe stream (``torch.cuda.ExternalStream`` over an address nothing uses; making it
    current calls no CUDA function) is current on that device: the shim must follow ``torch.cuda.stream()``;
 3. the stream once more after it, back to the first.
 
-Anything else (the symbols absent, a driver whose getters are not torch's, a mismatch, an error while proving,
-``JITKEY_NATIVE_CURRENT=0``) keeps the Python getters, with the reason (``jitkey info``: ``native_current``).
+Anything else (the symbols absent, a mismatch, an error while proving, ``JITKEY_NATIVE_CURRENT=0``) keeps the
+Python getters, with the reason (``jitkey info``: ``native_current``); so does a Triton driver whose getters are
+not torch's (:func:`native_getters`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from jitkey._core import _TorchCurrent
+from jitkey._proven import Proven
 
 #: The probe stream's address: even (torch reads an even id as an external stream's pointer) and not one a
 #: CUDA stream of this process has (it is never used for anything but the comparison).
@@ -79,18 +81,40 @@ def _torch_stream(torch: Any, address: int) -> Iterator[None]:
         yield
 
 
+def _make(torch: Any) -> tuple[_TorchCurrent | None, str | None]:
+    shim, why = resolve(torch)
+    if shim is None:
+        return None, why
+    c = torch._C
+    why = verify(
+        shim, c._cuda_getDevice, c._cuda_getCurrentRawStream, lambda address: _torch_stream(torch, address)
+    )
+    return (None, why) if why is not None else (shim, None)
+
+
+#: The path (decided once CUDA is initialized: at the first launch, or at a DSL site's first miss).
+PATH = Proven(
+    "JITKEY_NATIVE_CURRENT",
+    "not decided yet (decided at the first launch, or a DSL site's first call, once CUDA is initialized)",
+    _make,
+    ready=lambda torch: bool(torch.cuda.is_available() and torch.cuda.is_initialized()),
+)
+#: The proven ``_TorchCurrent``, or None (CUDA not initialized yet: undecided; otherwise see :func:`status`).
+get = PATH.get
+#: ``{"on": bool | None, "why": reason or None}`` (``on`` is None while undecided).
+status = PATH.status
+
+
 def native_getters(
     torch: Any, get_device: Callable[[], int], get_stream: Callable[[int], int]
 ) -> tuple[_TorchCurrent | None, str | None]:
     """``(shim, None)`` when launches may read the device and stream through torch's C shim, else
-    ``(None, why not)``. ``get_device``/``get_stream`` are the getters the launcher would call."""
+    ``(None, why not)``. ``get_device``/``get_stream`` are the getters the launcher would call: the shim
+    stands only for torch's own C functions."""
     c = getattr(torch, "_C", None)
     if get_device is not getattr(c, "_cuda_getDevice", None) or get_stream is not getattr(
         c, "_cuda_getCurrentRawStream", None
     ):
         return None, "Triton's driver does not read the device and stream through torch's C functions"
-    shim, why = resolve(torch)
-    if shim is None:
-        return None, why
-    why = verify(shim, get_device, get_stream, lambda address: _torch_stream(torch, address))
-    return (None, why) if why is not None else (shim, None)
+    shim = get()
+    return (shim, None) if shim is not None else (None, status()["why"])
