@@ -66,3 +66,27 @@ def test_cpython_layout_reason_mirrors_the_native_decision() -> None:
     v = sys.version_info
     proven_here = v[:2] >= (3, 10) and v[:2] <= (3, 14) and getattr(sys, "_is_gil_enabled", lambda: True)()
     assert st["on"] is bool(proven_here) or st["why"]
+
+
+def test_a_proof_that_comes_back_to_its_own_path_gets_none_not_a_deadlock() -> None:
+    """A proof runs torch functions; under a DSL that routes them (FlagGems' ``use_gems()``) they can reach the
+    same path on the same thread. That use gets None (torch's own functions); other threads wait for the
+    decision. (Found on the GPU: the FlagGems suite hung in the native allocation's proof.)"""
+    import threading
+
+    from jitkey._proven import Proven
+
+    seen: list[object] = []
+
+    def make(torch: object) -> tuple[object, str | None]:
+        seen.append(path.get())  # the proof's own torch call coming back
+        return "native", None
+
+    path = Proven("JITKEY_TEST_PROVEN", "undecided", make)
+    done: list[object] = []
+    t = threading.Thread(target=lambda: done.append(path.get()), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "the proof waited for itself"
+    assert done == ["native"] and seen == [None]
+    assert path.get() == "native" and path.status() == {"on": True, "why": None}

@@ -27,20 +27,32 @@ class Proven:
         self._make = make
         self._ready = ready
         self._lock = threading.Lock()
+        #: The thread deciding now (its proof's own torch calls may come back here: see :meth:`get`).
+        self._deciding: int | None = None
         #: ``(native object or None, why not)`` once decided.
         self.state: tuple[Any, str | None] | None = None
 
     def get(self) -> Any:
-        """The proven native object, or None (undecided, or off: see :meth:`status`)."""
+        """The proven native object, or None (undecided, or off: see :meth:`status`).
+
+        A proof runs torch functions, which may reach this path again on the same thread (e.g. under FlagGems'
+        ``use_gems()`` a proof's ``fill_`` is a FlagGems op, whose first call is recorded and allocates): that
+        use gets None (torch's own functions), never a wait for the proof it is part of."""
         if self.state is not None:
             return self.state[0]
+        if self._deciding == threading.get_ident():
+            return None
         import torch
 
         if self._ready is not None and not self._ready(torch):
             return None
         with self._lock:
             if self.state is None:
-                self.decide(torch)
+                self._deciding = threading.get_ident()
+                try:
+                    self.decide(torch)
+                finally:
+                    self._deciding = None
         assert self.state is not None
         return self.state[0]
 
