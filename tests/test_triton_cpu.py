@@ -1095,3 +1095,57 @@ def test_an_int_triton_cannot_specialize_raises_what_triton_raises(fake_runtime,
     assert _raised(lambda: kernel[(1,)](x, x, 2**64, 5, 1.0, True, 64)) is OverflowError
     (reason,) = kernel.cache_stats()["fallback_reasons"]
     assert "OverflowError" in reason and "cannot pass" not in reason
+
+
+# -- a DSL plan over launches with a grid function ---------------------------------------------------------------
+
+
+_GRID_SEEN: list[int] = []
+
+
+def test_a_dsl_plan_replays_a_launch_whose_grid_is_a_function_of_constants(fake_runtime, fake_triton):
+    """``kernel[lambda meta: ...]`` inside a DSL call (FlagGems' ``zero_``, ``zeros``): a grid function that
+    captures only constants is a constant of the plan, and each replayed launch calls it with that launch's
+    arguments, as Triton calls it on every launch. One that captures anything else is refused, counted."""
+    from jitkey import dsl
+
+    kernel = jt.bind(k_full)
+    state = fake_triton(kernel)
+    seen = _GRID_SEEN  # a global the grid function reads when called (captured, it would be refused)
+
+    def host(x, block):
+        n = x.numel()
+
+        def grid(meta):
+            _GRID_SEEN.append(meta["BLOCK"])
+            return (-(-n // meta["BLOCK"]),)
+
+        kernel[grid](x, x, 16, 5, 1.0, True, block)
+        return x
+
+    x, y = torch.empty(64), torch.empty(256)
+    for t in (x, y):
+        host(t, 16)  # the kernel compiles (here: Triton's path, faked) for each
+    site = dsl.Site("test:grid-function", host, lambda args: dsl.Bound(host), fallback=host)
+    (ck,) = state["cks"].values()
+    for t, want in ((x, 4), (y, 16), (x, 4), (y, 16), (x, 4)):
+        seen.clear()
+        assert site.call(t, 16) is t
+        assert ck.launches[-1][:3] == (want, 1, 1) and seen == [16]  # the function ran for this launch
+    st_ = site.stats()
+    assert st_["replays"] == 3 and st_["refused"] == {} and st_["fallbacks"] == 0, st_["refused"]
+    assert [kind for kind, _ in site.plan(x, 16).steps] == ["launch"]
+
+    def host_capturing(x, block):
+        def grid(meta):  # captures a tensor: the plan would keep it, and what it reads is not keyed
+            return (x.numel() // meta["BLOCK"],)
+
+        kernel[grid](x, x, 16, 5, 1.0, True, block)
+        return x
+
+    other = dsl.Site("test:grid-capturing", host_capturing, lambda a: dsl.Bound(host_capturing),
+                     fallback=host_capturing)  # fmt: skip
+    for _ in range(3):
+        assert other.call(x, 16) is x and ck.launches[-1][:3] == (4, 1, 1)
+    assert other.stats()["refused"] == {"a launch grid function that captures values other than constants": 1}
+    assert other.stats()["replays"] == 0

@@ -21,7 +21,8 @@ call: it *binds* (arguments → the DSL's specialization key → a compiled kern
 reason is counted): reading an argument's metadata the key does not hold (``requires_grad``,
 ``storage_offset``, ``data_ptr``, ...), reading tensor data into Python (``item``, ``tolist``, ``bool``),
 operations whose output shape depends on data (``nonzero``, ``unique``, boolean masks), a tensor the call did
-not receive or make (a global buffer), an argument object it cannot replay, a callable launch grid, a launch
+not receive or make (a global buffer), an argument object it cannot replay, a launch grid function that captures
+anything but constants (one that captures only constants is replayed as it is and called by each launch), a launch
 on another device or stream than the call's, a tensor passed twice, and any Triton launch it could not
 capture (every launch during a recording is also watched through Triton's ``launch_enter_hook``; one made
 outside a jitkey kernel refuses the plan). The contract for the DSL's bound call: its GPU work goes through
@@ -225,6 +226,32 @@ class _Recorder:
             self.refuse(f"an argument of type {t.__module__}.{t.__qualname__}, which a replay cannot rebuild")
         return ("c", None)
 
+    def grid_function(self, grid: Any) -> bool:
+        """Whether a launch's callable grid can be a step's constant (else the recording is refused): a plain
+        function whose closure and defaults hold only constants (values the key fixed when the DSL computed
+        them). The replay passes the function itself, and the launch calls it with the launch's arguments, as
+        Triton does on every launch (so what it reads from them, or from globals, is read again)."""
+        if type(grid) is not types.FunctionType:
+            self.refuse(f"a launch grid of type {type(grid).__qualname__} (not a plain function)")
+            return False
+        captured: list[Any] = [*(grid.__defaults__ or ()), *(grid.__kwdefaults__ or {}).values()]
+        for cell in grid.__closure__ or ():
+            try:
+                captured.append(cell.cell_contents)
+            except ValueError:  # an empty cell: bound later
+                self.refuse("a launch grid function with an unbound closure variable")
+                return False
+        if not all(self._constant(v) for v in captured):
+            self.refuse("a launch grid function that captures values other than constants")
+            return False
+        self.refs[id(grid)] = (("c", grid), grid)  # a constant of the plan
+        return True
+
+    def _constant(self, v: Any) -> bool:
+        if type(v) is tuple:
+            return all(self._constant(x) for x in v)
+        return isinstance(v, self.consts) and not isinstance(v, self.torch.Tensor)
+
     def result(self, obj: Any, j: int) -> None:
         if isinstance(obj, self.torch.Tensor):
             self.refs.setdefault(id(obj), (("s", j), obj))
@@ -395,8 +422,7 @@ def _on_launch(launcher: Any, grid: Any, args: tuple[Any, ...], kwargs: dict[str
     rec = _current()
     if rec is None or rec.depth or rec.problem is not None or threading.get_ident() != rec.thread:
         return None
-    if callable(grid) and not isinstance(grid, tuple):
-        rec.refuse("a callable launch grid")
+    if callable(grid) and not isinstance(grid, tuple) and not rec.grid_function(grid):
         return None
     rec.check_place()
     rec.check_rng()
@@ -455,7 +481,7 @@ def _patch_interpreter() -> None:
             if threading.get_ident() != rec.thread:
                 return orig(self, *args, grid=grid, warmup=warmup, **kwargs)
             if callable(grid) and not isinstance(grid, tuple):
-                rec.refuse("a callable launch grid")
+                rec.grid_function(grid)
             rec.depth += 1
             try:
                 result = orig(self, *args, grid=grid, warmup=False, **kwargs)
