@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 import triton.language as tl  # noqa: E402
+from triton import knobs  # noqa: E402
 
 import jitkey.triton as jt  # noqa: E402
 import test_triton_cpu as cpu  # noqa: E402
@@ -287,3 +288,32 @@ def _reads_of(site: Any) -> list[str]:
 
     n = 4 if _torch_modes.get() is not None else 0
     return ["mode"] * n + ["device"]
+
+
+def test_a_compiled_launch_reads_the_stream_through_the_runtimes_shim(shim: Shim) -> None:
+    """FlagGems' LibEntry launches (``jitkey._core._CompiledLaunch``, a DSL plan's compiled step) read the stream
+    through the runtime's proven shim when it has one, else through its ``get_stream``; after a shim error, the
+    Python getter again."""
+    from triton.knobs import HookChain
+
+    from jitkey._core import _CompiledLaunch, _TritonEntry
+
+    class Runtime:
+        def __init__(self, native: Any) -> None:
+            self.native = native
+
+        def get_stream(self, device: int) -> int:
+            return 1000 + device
+
+    ck = cpu.FakeCK("compiled")
+    entry = _TritonEntry(ck, ck.run, ck.function, ck.packed_metadata, None, None, None)
+    x = torch.empty(4)
+    shim.set(0, 0x7770)
+    with_shim = _CompiledLaunch(entry, Runtime(shim.current), knobs.runtime, HookChain, 0, [])
+    without = _CompiledLaunch(entry, Runtime(None), knobs.runtime, HookChain, 0, [])
+    assert with_shim((2, 1, 1), x, 8) is ck and ck.launches[-1][:4] == (2, 1, 1, 0x7770)
+    assert without((2, 1, 1), x, 8) is ck and ck.launches[-1][:4] == (2, 1, 1, 1000)
+    shim.lib.standin_fail(3)
+    assert with_shim((3, 1, 1), x, 8) is ck and ck.launches[-1][:4] == (3, 1, 1, 1000)
+    with pytest.raises(TypeError):
+        _CompiledLaunch(entry, Runtime(object()), knobs.runtime, HookChain, 0, [])  # not a _TorchCurrent

@@ -14,11 +14,14 @@ use super::entry::Entry;
 use super::pack::Slots;
 use super::plan::Stream;
 use super::{borrowed, call_one, call_with};
+use crate::torch::TorchCurrent;
 
 #[pyclass(name = "_CompiledLaunch", module = "jitkey._core", frozen)]
 pub(crate) struct CompiledLaunch {
     entry: Py<Entry>,
     get_stream: Py<PyAny>,
+    /// torch's C shim for the stream, proven equal to `get_stream` (the runtime's `native`), if any.
+    current: Option<Py<TorchCurrent>>,
     runtime: Py<PyAny>,
     hook_chain: Option<Py<PyAny>>,
     /// The device the kernel was loaded on (where it was recorded).
@@ -77,7 +80,11 @@ impl CompiledLaunch {
         let (g0, g1, g2) = (grid.get_item(0)?, grid.get_item(1)?, grid.get_item(2)?);
         let e = self.entry.get();
         let device = self.device.bind(py);
-        let stream = Stream::Object(call_one(py, self.get_stream.bind(py), device)?);
+        let shim = self.current.as_ref().zip(i32::try_from(dev).ok().filter(|&d| d >= 0));
+        let stream = match shim.and_then(|(c, d)| c.get().stream_of(d)) {
+            Some(s) => Stream::Raw(s),
+            None => Stream::Object(call_one(py, self.get_stream.bind(py), device)?),
+        };
         let rt = self.runtime.bind(py);
         let enter = rt.getattr(intern!(py, "launch_enter_hook"))?;
         let exit = rt.getattr(intern!(py, "launch_exit_hook"))?;
@@ -114,7 +121,8 @@ impl CompiledLaunch {
 #[pymethods]
 impl CompiledLaunch {
     /// `_CompiledLaunch(entry, runtime, knobs_runtime, hook_chain, device, aligned, /)`: ``entry`` a
-    /// `_TritonEntry` of the compiled kernel, ``runtime`` has ``get_stream(device)``, ``knobs_runtime``
+    /// `_TritonEntry` of the compiled kernel, ``runtime`` has ``get_stream(device)`` (and ``native``: a
+    /// ``_TorchCurrent`` proven equal to it, or None; read through it when set), ``knobs_runtime``
     /// is ``triton.knobs.runtime`` (the launch hooks), ``hook_chain`` Triton's ``HookChain`` type or
     /// None, ``device`` the device index it was loaded on, ``aligned`` ``(parameter, aligned)`` pairs.
     #[new]
@@ -127,9 +135,12 @@ impl CompiledLaunch {
         device: Py<PyAny>,
         aligned: Vec<(usize, bool)>,
     ) -> PyResult<Self> {
+        let native = runtime.getattr("native").ok().filter(|n| !n.is_none());
+        let current = native.map(|n| n.cast_into::<TorchCurrent>().map(Bound::unbind)).transpose()?;
         Ok(Self {
             entry,
             get_stream: runtime.getattr("get_stream")?.unbind(),
+            current,
             runtime: knobs_runtime,
             hook_chain,
             device,
@@ -152,6 +163,9 @@ impl CompiledLaunch {
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
         visit.call(&self.entry)?;
         visit.call(&self.get_stream)?;
+        if let Some(c) = &self.current {
+            visit.call(c)?;
+        }
         visit.call(&self.runtime)?;
         if let Some(h) = &self.hook_chain {
             visit.call(h)?;
