@@ -11,6 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 
+def cuda_initialized(torch: Any) -> bool:
+    """The ``ready`` of a path proven on live CUDA state: CUDA is there and initialized (a proof never
+    initializes it)."""
+    return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
 class Proven:
     """One such path. ``make(torch)`` returns ``(native object, None)`` when proven, else ``(None, why not)``;
     ``ready(torch)``: whether it can be decided now (else :meth:`get` returns None, undecided)."""

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from jitkey._proven import Proven
+from jitkey._proven import Proven, cuda_initialized
 
 
 def _make(torch: Any) -> tuple[Any, str | None]:
@@ -35,7 +35,7 @@ PATH = Proven(
     "JITKEY_NATIVE_ALLOC",
     "not decided yet (decided at the first recorded CUDA allocation)",
     _make,
-    ready=lambda torch: bool(torch.cuda.is_available() and torch.cuda.is_initialized()),
+    ready=cuda_initialized,
 )
 #: The proven ``_TorchAlloc``, or None (CUDA not initialized yet: undecided; otherwise see :func:`status`).
 get = PATH.get

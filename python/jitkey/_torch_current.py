@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from jitkey._core import _TorchCurrent
-from jitkey._proven import Proven
+from jitkey._proven import Proven, cuda_initialized
 
 #: The probe stream's address: even (torch reads an even id as an external stream's pointer) and not one a
 #: CUDA stream of this process has (it is never used for anything but the comparison).
@@ -92,17 +92,14 @@ def _make(torch: Any) -> tuple[_TorchCurrent | None, str | None]:
     return (None, why) if why is not None else (shim, None)
 
 
-#: The path (decided once CUDA is initialized: at the first launch, or at a DSL site's first miss).
+#: The path, decided once CUDA is initialized (at the first launch, or a DSL site's first miss): ``PATH.get()``
+#: is the proven ``_TorchCurrent`` or None, ``PATH.status()`` says why.
 PATH = Proven(
     "JITKEY_NATIVE_CURRENT",
     "not decided yet (decided at the first launch, or a DSL site's first call, once CUDA is initialized)",
     _make,
-    ready=lambda torch: bool(torch.cuda.is_available() and torch.cuda.is_initialized()),
+    ready=cuda_initialized,
 )
-#: The proven ``_TorchCurrent``, or None (CUDA not initialized yet: undecided; otherwise see :func:`status`).
-get = PATH.get
-#: ``{"on": bool | None, "why": reason or None}`` (``on`` is None while undecided).
-status = PATH.status
 
 
 def native_getters(
@@ -116,5 +113,5 @@ def native_getters(
         c, "_cuda_getCurrentRawStream", None
     ):
         return None, "Triton's driver does not read the device and stream through torch's C functions"
-    shim = get()
-    return (shim, None) if shim is not None else (None, status()["why"])
+    shim = PATH.get()
+    return (shim, None) if shim is not None else (None, PATH.status()["why"])

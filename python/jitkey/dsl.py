@@ -709,7 +709,7 @@ class Site:
     def _use_current(self) -> None:
         """From now on, read the current device through torch's C shim, if it is proven (once per process, when
         CUDA is initialized; until then the site asks again at its next miss)."""
-        shim = _torch_current.get()
+        shim = _torch_current.PATH.get()
         if _torch_current.PATH.state is None:
             return  # CUDA not initialized yet: undecided
         self._current_pending = False

@@ -159,7 +159,7 @@ def _native_current() -> dict[str, Any]:
     if _installed.runtime_problem is not None:
         return {"on": False, "why": _installed.runtime_problem}
     if _torch_current.PATH.state is not None:  # decided by a DSL site before any launch
-        st = _torch_current.status()
+        st = _torch_current.PATH.status()
         return {**st, "chosen": st["why"] == "JITKEY_NATIVE_CURRENT=0"}
     try:
         import torch
