@@ -12,8 +12,7 @@ use pyo3::types::PyTuple;
 
 use super::entry::Entry;
 use super::pack::Slots;
-use super::plan::Stream;
-use super::{borrowed, call_one, call_with};
+use super::{borrowed, call_with, current_stream};
 use crate::torch::TorchCurrent;
 
 #[pyclass(name = "_CompiledLaunch", module = "jitkey._core", frozen)]
@@ -24,8 +23,9 @@ pub(crate) struct CompiledLaunch {
     current: Option<Py<TorchCurrent>>,
     runtime: Py<PyAny>,
     hook_chain: Option<Py<PyAny>>,
-    /// The device the kernel was loaded on (where it was recorded).
+    /// The device the kernel was loaded on (where it was recorded), and its index (-1: not an int).
     device: Py<PyAny>,
+    dev: i64,
     /// `(parameter, aligned)`: the pointers whose alignment the library keyed.
     aligned: Vec<(usize, bool)>,
 }
@@ -62,7 +62,7 @@ impl CompiledLaunch {
         grid: *mut ffi::PyObject,
         params: &[*mut ffi::PyObject],
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let dev = self.device.bind(py).extract::<i64>().unwrap_or(-1);
+        let dev = self.dev;
         for &(i, want) in &self.aligned {
             let Some(&p) = params.get(i) else { return Ok(None) };
             match data_ptr(py, p, dev)? {
@@ -80,11 +80,8 @@ impl CompiledLaunch {
         let (g0, g1, g2) = (grid.get_item(0)?, grid.get_item(1)?, grid.get_item(2)?);
         let e = self.entry.get();
         let device = self.device.bind(py);
-        let shim = self.current.as_ref().zip(i32::try_from(dev).ok().filter(|&d| d >= 0));
-        let stream = match shim.and_then(|(c, d)| c.get().stream_of(d)) {
-            Some(s) => Stream::Raw(s),
-            None => Stream::Object(call_one(py, self.get_stream.bind(py), device)?),
-        };
+        let index = i32::try_from(dev).ok().filter(|&d| d >= 0);
+        let stream = current_stream(py, self.current.as_ref(), &self.get_stream, device, index)?;
         let rt = self.runtime.bind(py);
         let enter = rt.getattr(intern!(py, "launch_enter_hook"))?;
         let exit = rt.getattr(intern!(py, "launch_exit_hook"))?;
@@ -101,7 +98,6 @@ impl CompiledLaunch {
         if let Some(plan) = &e.plan {
             let plan = plan.get();
             let mut slots = Slots::new();
-            let dev = device.extract::<i64>().unwrap_or(-1);
             match plan.prepare([&g0, &g1, &g2], &stream, params, dev, &mut slots) {
                 Ok(l) => {
                     let hooks =
@@ -137,6 +133,7 @@ impl CompiledLaunch {
     ) -> PyResult<Self> {
         let native = runtime.getattr("native").ok().filter(|n| !n.is_none());
         let current = native.map(|n| n.cast_into::<TorchCurrent>().map(Bound::unbind)).transpose()?;
+        let dev = device.bind(runtime.py()).extract::<i64>().unwrap_or(-1);
         Ok(Self {
             entry,
             get_stream: runtime.getattr("get_stream")?.unbind(),
@@ -144,6 +141,7 @@ impl CompiledLaunch {
             runtime: knobs_runtime,
             hook_chain,
             device,
+            dev,
             aligned,
         })
     }

@@ -246,12 +246,7 @@ impl Launcher {
         device: &Bound<'py, PyAny>,
         index: Option<i32>,
     ) -> PyResult<Stream<'py>> {
-        if let (Some(c), Some(d)) = (&self.current, index) {
-            if let Some(s) = c.get().stream_of(d) {
-                return Ok(Stream::Raw(s));
-            }
-        }
-        Ok(Stream::Object(call_one(py, self.get_stream.bind(py), device)?))
+        current_stream(py, self.current.as_ref(), &self.get_stream, device, index)
     }
 
     fn leave<'py>(&self, py: Python<'py>, why: Leave, call: &Call<'_>) -> PyResult<Bound<'py, PyAny>> {
@@ -661,6 +656,21 @@ impl Launcher {
 
 /// A launch step of a DSL plan (`crate::dsl`): `launch(grid, *pos, **dict(zip(kwnames, kw)))` on
 /// `launcher`, exactly as `kernel[grid](...)` runs it. `kwnames` is a tuple of str or null.
+/// The current stream of `device` (whose index is `index`, when known): through torch's C shim
+/// `current` (proven equal to `get_stream`) while it answers, else `get_stream(device)`.
+pub(super) fn current_stream<'py>(
+    py: Python<'py>,
+    current: Option<&Py<TorchCurrent>>,
+    get_stream: &Py<PyAny>,
+    device: &Bound<'py, PyAny>,
+    index: Option<i32>,
+) -> PyResult<Stream<'py>> {
+    if let Some(s) = current.zip(index).and_then(|(c, d)| c.get().stream_of(d)) {
+        return Ok(Stream::Raw(s));
+    }
+    Ok(Stream::Object(call_one(py, get_stream.bind(py), device)?))
+}
+
 pub(crate) fn launch_from_plan<'py>(
     py: Python<'py>,
     launcher: &Launcher,
