@@ -653,6 +653,9 @@ class _Site:
     def use_current(self, shim: _TorchCurrent, /) -> None:
         """Read the current device through ``shim`` (proven) from now on; the first one given is kept."""
     @property
+    def reads_device(self) -> bool:
+        """Whether a check or state read is the current device (the ``device`` function given)."""
+    @property
     def native_reads(self) -> int:
         """How many of the checks and state reads go through torch's C++ functions (or its C shim)."""
     @property

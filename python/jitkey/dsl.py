@@ -241,16 +241,18 @@ class _Recorder:
             except ValueError:  # an empty cell: bound later
                 self.refuse("a launch grid function with an unbound closure variable")
                 return False
-        if not all(self._constant(v) for v in captured):
+        if not all(self._constant_value(v) for v in captured):
             self.refuse("a launch grid function that captures values other than constants")
             return False
         self.refs[id(grid)] = (("c", grid), grid)  # a constant of the plan
         return True
 
-    def _constant(self, v: Any) -> bool:
+    def _constant_value(self, v: Any) -> bool:
+        """Whether the value ``v`` may be a plan's constant: of a constant type, or a tuple of such values (a
+        source spec's counterpart is the module's ``_constant``)."""
         if type(v) is tuple:
-            return all(self._constant(x) for x in v)
-        return isinstance(v, self.consts) and not isinstance(v, self.torch.Tensor)
+            return all(self._constant_value(x) for x in v)
+        return isinstance(v, self.consts)
 
     def result(self, obj: Any, j: int) -> None:
         if isinstance(obj, self.torch.Tensor):
@@ -647,10 +649,6 @@ class Site:
         all_state = (*_default_state(device), *state)
         import torch
 
-        get_device = getattr(torch._C, "_cuda_getDevice", None)
-        #: Whether the site reads the current device and has not yet been given torch's C shim for it (done at
-        #: a miss once CUDA is initialized and the shim is proven: ``jitkey._torch_current``).
-        self._current_pending = get_device is not None and any(f is get_device for f in all_state)
         self._native = _Site(
             sig,
             LruCache(capacity),
@@ -660,8 +658,11 @@ class Site:
             all_state,
             self.npos,
             _torch_modes.get(),
-            get_device,
+            getattr(torch._C, "_cuda_getDevice", None),
         )
+        #: Whether the site reads the current device and has not yet been given torch's C shim for it (done at
+        #: a miss once CUDA is initialized and the shim is proven: ``jitkey._torch_current``).
+        self._current_pending: bool = self._native.reads_device
         #: The per-call entry point (a native builtin).
         self.call: Callable[..., Any] = self._native.call
         with _registry_lock:

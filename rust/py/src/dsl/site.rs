@@ -526,6 +526,13 @@ impl Site {
         let _ = self.current.set(shim);
     }
 
+    /// Whether a check or state read is the current device (read through torch's C shim once
+    /// ``use_current`` has given the site one).
+    #[getter]
+    fn reads_device(&self) -> bool {
+        self.checks.iter().map(|(c, _)| c).chain(&self.state).any(|r| matches!(r, Read::Device(..)))
+    }
+
     /// How many of the checks and state reads go through torch's C++ functions (``_TorchModes``, and
     /// the device through ``_TorchCurrent`` once the site has one).
     #[getter]
