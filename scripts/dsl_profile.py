@@ -192,21 +192,7 @@ def cases() -> None:
     if alloc is not None:
         items["native empty_like(x)"] = (alloc.empty_like, (x,))
         items["native empty_strided([64])"] = (alloc.empty_strided, ([64], [1], "float32", x.device.index))
-    hold = {}
-    for k, (f, a) in items.items():
-        for _ in range(3):
-            torch.cuda.synchronize()
-            hold[k] = 2.0 * dsl_bench._time(f, a, 200) * 200 + 1000.0
-    times = {k: [] for k in items}
-    keys = list(items)
-    for b in range(40):
-        for k in keys[b % len(keys) :] + keys[: b % len(keys)]:
-            f, a = items[k]
-            t, outlasted = dsl_bench._time_held(f, a, 200, hold[k])
-            times[k].append(t)
-            if not outlasted:
-                hold[k] *= 2.0
-            torch.cuda.synchronize()
+    times, _paced = dsl_bench.time_interleaved(items, 40, 200, rotate=True)
     for k, v in times.items():
         print(
             f"{k:55s} {sorted(v)[len(v) // 2]:7.3f} us (host alone, median of {len(v)} interleaved batches)"

@@ -223,24 +223,43 @@ def _measure(
     impls = {"torch op": (ref, args), "torch.add": (torch.add, (args[0], args[0])), "dsl": (call, args)}
     if not isinstance(args[0], torch.Tensor) or args[0].dtype == torch.bool:
         impls["torch.add"] = (torch.add, (args[1], args[1]))
-    times: dict[str, list[float]] = {k: [] for k in impls}
+    times, paced = time_interleaved(impls, batches, calls)
+    return {"case": name, **{k: statistics.median(v) for k, v in times.items()}, "paced": paced}
+
+
+def time_interleaved(
+    items: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]],
+    batches: int,
+    calls: int,
+    *,
+    rotate: bool = False,
+) -> tuple[dict[str, list[float]], int]:
+    """Host µs per call of each item, per batch: ``batches`` rounds of one held batch of ``calls`` calls per item
+    (queued behind a GPU sleep, see the module docs), the items taking turns (``rotate``: each round starts one
+    item later). Also how many batches the GPU may have paced (their sleep then doubles, within reason)."""
+    import torch
+
+    times: dict[str, list[float]] = {k: [] for k in items}
     hold: dict[str, float] = {}
     for _ in range(3):  # warm-up batches (back to back): how long a held batch must be covered
-        for impl, (fn, a) in impls.items():
+        for k, (fn, a) in items.items():
             torch.cuda.synchronize()
-            hold[impl] = 2.0 * _time(fn, a, calls) * calls + 1000.0
+            hold[k] = 2.0 * _time(fn, a, calls) * calls + 1000.0
     paced = 0
+    keys = list(items)
     torch.cuda.synchronize()
-    for _ in range(batches):
-        for impl, (fn, a) in impls.items():
-            t, outlasted = _time_held(fn, a, calls, hold[impl])
-            times[impl].append(t)
+    for b in range(batches):
+        order = keys[b % len(keys) :] + keys[: b % len(keys)] if rotate else keys
+        for k in order:
+            fn, a = items[k]
+            t, outlasted = _time_held(fn, a, calls, hold[k])
+            times[k].append(t)
             if not outlasted:
                 # the sleep was too short (or the launch queue filled): a longer one, within reason
                 paced += 1
-                hold[impl] = min(hold[impl] * 2.0, 200_000.0)
+                hold[k] = min(hold[k] * 2.0, 200_000.0)
             torch.cuda.synchronize()
-    return {"case": name, **{k: statistics.median(v) for k, v in times.items()}, "paced": paced}
+    return times, paced
 
 
 # ---------------------------------------------------------------------------------------------------------
