@@ -339,6 +339,37 @@ def test_functions_of_constants_and_metadata_queries_are_folded():
     assert site.stats()["replays"] == 2
 
 
+def test_contiguous_that_returns_its_own_tensor_is_folded_and_a_copy_is_a_step():
+    """``x.contiguous()`` returns ``x`` itself exactly when the keyed shape and strides say so: no step then (the
+    replay passes the argument on, as the call does); otherwise it copies, and the copy is a step."""
+
+    def host(x, scale):
+        y = x.contiguous()
+        z = y.contiguous()  # a tensor the call made, already contiguous
+        return z, z * scale
+
+    site = make_site(host, ["x", "scale"])
+    dense, strided = torch.randn(4, 6), torch.randn(6, 4).t()
+    for x in (dense, strided):
+        for _ in range(3):
+            got, ref = site.call(x, 2.0), host(x, 2.0)
+            assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+            assert (got[0] is x) == (ref[0] is x)  # the same object where torch gives the same object
+            assert got[0].is_contiguous()
+    assert site.stats()["replays"] == 4
+    steps = lambda x: [_core_name(t) for _k, t in site.plan(x, 2.0).steps]  # noqa: E731
+    assert "contiguous" not in steps(dense)
+    assert steps(strided).count("contiguous") == 1
+    x = dense.clone()
+    out = site.call(x, 2.0)[0]
+    x.add_(1)  # the replay handed back the argument itself: it sees the change, as the call's result does
+    assert torch.equal(out, x)
+
+
+def _core_name(target):
+    return getattr(target, "__name__", type(target).__name__)
+
+
 def test_aten_metadata_queries_are_folded_by_name():
     def host(x):
         dense = torch.ops.aten.is_non_overlapping_and_dense.default(x)

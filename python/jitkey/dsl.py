@@ -336,6 +336,8 @@ class _Recorder:
                 elif id(t) in self.inputs and name not in _COVERED:
                     self.refuse(f"reads `{name}` of an argument, which the key does not hold")
             # else: folded (the value is fixed by the key)
+        elif name == "contiguous" and self._returns_own_argument(args, kwargs, result):
+            pass  # folded: whether ``contiguous`` returns its tensor is fixed by the keyed shape and strides
         elif result is not None and not _has_tensor(result):
             if not all(self.src(a)[0] == "c" for a in (*args, *kwargs.values())):
                 self.refuse(f"`{name}` returned a {type(result).__name__}, which a replay cannot fold")
@@ -344,6 +346,17 @@ class _Recorder:
             kind, target = self._alloc_step(func, args, kwargs, result)
             self.step(kind, target, args, kwargs, result)
         return result
+
+    def _returns_own_argument(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> bool:
+        """Whether ``result`` is the call's tensor ``args[0]`` itself, a tensor the recording knows (an argument
+        or one the call made), with every other argument a constant: then a replay passes that tensor on
+        without a step (``x.contiguous()`` of a contiguous ``x``)."""
+        if not args or result is not args[0] or not isinstance(result, self.torch.Tensor):
+            return False
+        ref = self.refs.get(id(result))
+        if ref is None or ref[1] is not result:
+            return False
+        return all(_constant(self.src(a)) for a in (*args[1:], *kwargs.values()))
 
     def _alloc_step(
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
