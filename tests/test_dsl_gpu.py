@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -303,6 +305,65 @@ def test_plans_make_their_cuda_tensors_natively_as_torch_would():
     del outs
     assert torch.cuda.memory_allocated() == before  # given back: no reference leaked
     assert not alloc.failed
+
+
+def test_empty_like_that_changes_only_the_dtype_is_native():
+    """FlagGems writes ``torch.empty_like(x, dtype=..., device=x.device)``: keyword arguments that change nothing
+    but the dtype keep the native step (with that dtype); any other (another device, a memory format) calls
+    torch's function. Every replay's tensors match torch's, for layouts the recording never saw too."""
+    from jitkey import dsl
+
+    alloc = _alloc()
+    x = torch.randn(64, 33, device=DEV)
+
+    def f(x):
+        return (
+            torch.empty_like(x, dtype=torch.float16, device=x.device),
+            torch.empty_like(x, dtype=x.dtype),
+            torch.empty_like(x, device=torch.device("cpu")),
+            torch.empty_like(x, memory_format=torch.contiguous_format),
+        )
+
+    _, plan, why = dsl.record(f, (x,))
+    assert why is None, why
+    assert [k for k, _ in plan.steps] == ["empty_like", "empty_like", "call", "call"]
+    wide = torch.randn(8, 8, device=DEV)
+    # Layouts the recording did not see (a plan replays only for its own key, but the native step reads the
+    # layout of the tensor it is given, and falls back to torch for one that is not dense).
+    for t in (
+        x,
+        x.t(),
+        wide[:, :4],
+        torch.empty(0, 3, device=DEV),
+        torch.randn(2, 3, 4, device=DEV)[:, :, ::2],
+    ):
+        for got, want in zip(plan(t), f(t), strict=True):
+            assert type(got) is torch.Tensor and not got.requires_grad
+            assert (got.shape, got.stride(), got.dtype, got.device) == (
+                want.shape,
+                want.stride(),
+                want.dtype,
+                want.device,
+            )
+    made = alloc.empty_like(x.t(), "bfloat16")
+    assert (made.shape, made.stride(), made.dtype) == (x.t().shape, x.t().stride(), torch.bfloat16)
+    with pytest.raises(ValueError, match="names no dtype"):
+        alloc.empty_like(x, "float128")
+    assert not alloc.failed
+
+
+def test_native_allocation_is_proven_in_a_process_that_has_keyed_nothing_yet():
+    """The proof reads tensors through the calibrated tensor layout, which only a compiled tensor rule used to
+    install: a process whose first use of jitkey is an allocation (no Signature yet) turned it off for good."""
+    code = (
+        "import torch\n"
+        "from jitkey import _torch_alloc, _tensor_fields\n"
+        "torch.zeros(1, device='cuda')\n"
+        "assert _tensor_fields.status() is None\n"
+        "assert _torch_alloc.get() is not None, _torch_alloc.status()\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
 
 
 def test_native_allocation_fills_memory_under_deterministic_algorithms():

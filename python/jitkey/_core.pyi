@@ -529,8 +529,10 @@ class _TorchAlloc:
     def __new__(cls, cpu_lib: str, python_lib: str, /, *, loaded_only: bool = True) -> _TorchAlloc: ...
     def empty_strided(self, sizes: list[int], strides: list[int], dtype: str, index: int, /) -> Any | None:
         """A new CUDA tensor on device ``index`` (``dtype`` a short name such as ``"float32"``), or None."""
-    def empty_like(self, x: Any, /) -> Any | None:
-        """As ``torch.empty_like(x)`` for a plain, non-overlapping and dense CUDA tensor, else None."""
+    def empty_like(self, x: Any, dtype: str | None = None, /) -> Any | None:
+        """As ``torch.empty_like(x, dtype=dtype)`` (``dtype`` a short name such as ``"float16"``; None: ``x``'s)
+        for a plain, non-overlapping and dense CUDA tensor, else None. Raises ValueError for a dtype the shim
+        does not name."""
     @property
     def failed(self) -> bool:
         """Whether the shim reported an error (it is not called again)."""
@@ -572,8 +574,9 @@ class _Plan:
     ``(launch, nfast, fallback)``: a ``_CompiledLaunch`` with ``args[0]`` the grid and ``args[1:nfast]`` the
     parameters, or ``fallback(*args[nfast:], **kw)`` when it declines), ``"empty"`` (``target`` is ``(alloc,
     fallback, sizes, strides, dtype, index)``: a new CUDA tensor made by the :class:`_TorchAlloc`, or
-    ``fallback(*args, **kw)`` when it is not used) or ``"empty_like"`` (``target`` is ``(alloc, fallback)``,
-    ``args`` one tensor: ``alloc.empty_like`` or ``fallback(tensor)``). Sources: ``("a", i)``, ``("a", i,
+    ``fallback(*args, **kw)`` when it is not used) or ``"empty_like"`` (``target`` is ``(alloc, fallback[,
+    dtype])``, ``args`` one tensor and keyword arguments that change nothing but the dtype, ``dtype`` if given:
+    ``alloc.empty_like(tensor, dtype)`` or ``fallback(tensor, **kw)``). Sources: ``("a", i)``, ``("a", i,
     path)``, ``("s", j)``, ``("s", j, k)``, ``("c", value)``, ``("t", srcs)``, ``("l", srcs)``. ``guard`` is
     ``(owner, name, value)``: the plan holds while ``getattr(owner, name) is value``.
     """

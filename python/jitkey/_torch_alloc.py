@@ -17,7 +17,13 @@ from jitkey._proven import Proven, cuda_initialized
 
 
 def _make(torch: Any) -> tuple[Any, str | None]:
+    from jitkey import _tensor_fields
     from jitkey._core import _TorchAlloc
+
+    # ``empty_like`` reads its tensor's sizes, strides, dtype and device through the calibrated tensor layout,
+    # which is otherwise installed only when the first tensor rule is compiled.
+    if not _tensor_fields.install():
+        return None, f"direct tensor-field reads are off: {(_tensor_fields.status() or {}).get('why')}"
 
     lib = os.path.join(os.path.dirname(torch.__file__), "lib")
     try:

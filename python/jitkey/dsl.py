@@ -383,9 +383,7 @@ class _Recorder:
         if alloc is None:
             return "call", func
         if func is torch.empty_like:
-            if len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
-                return "empty_like", (alloc, func)
-            return "call", func
+            return self._empty_like_step(alloc, func, args, kwargs, result)
         # torch.empty / empty_strided: only with every argument a constant (a list of constants counts: the
         # native step does not pass it on), the dtype and the device named.
         if not all(_constant(self.src(a)) for a in (*args, *kwargs.values())):
@@ -406,6 +404,40 @@ class _Recorder:
             str(result.dtype).removeprefix("torch."),
         )
         return "empty", (*spec, result.device.index)
+
+    def _empty_like_step(
+        self, alloc: Any, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
+    ) -> tuple[str, Any]:
+        """``torch.empty_like(x, **kwargs)`` as the native ``"empty_like"`` step: keyword arguments that are
+        constants and change nothing but the dtype (the device, if named, is ``x``'s own, with its index; the
+        memory format, if named, is ``torch.preserve_format``; the layout, if named, strided; no gradient, no
+        pinned memory), else a call of ``func``. The native step keeps ``x``'s sizes, strides (dense ones, as
+        torch's ``preserve_format`` does) and device, and takes the dtype named here, if any."""
+        torch = self.torch
+        x = args[0] if len(args) == 1 else None
+        if not isinstance(x, torch.Tensor) or not all(_constant(self.src(v)) for v in kwargs.values()):
+            return "call", func
+        dtype = kwargs.get("dtype")
+        dev = kwargs.get("device")
+        fixed = {
+            "memory_format": (None, torch.preserve_format),
+            "layout": (None, torch.strided),
+            "requires_grad": (False,),
+            "pin_memory": (False,),
+        }
+        if set(kwargs) - {"dtype", "device", *fixed}:
+            return "call", func
+        if any(kwargs.get(k) is not None and kwargs[k] not in ok for k, ok in fixed.items()):
+            return "call", func
+        if dev is not None and not (
+            isinstance(dev, torch.device) and dev.index is not None and dev == x.device
+        ):
+            return "call", func
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            return "call", func
+        if dtype is None:
+            return "empty_like", (alloc, func)
+        return "empty_like", (alloc, func, str(dtype).removeprefix("torch."))
 
     def _bool_index(self, args: tuple[Any, ...]) -> bool:
         idx: Any = args[1] if len(args) > 1 else None

@@ -55,8 +55,10 @@ enum Target {
         index: i32,
         fallback: Py<PyAny>,
     },
-    /// `torch.empty_like(args[0])` made natively for a plain dense CUDA tensor, else `fallback(*args)`.
-    EmptyLike { alloc: Py<TorchAlloc>, fallback: Py<PyAny> },
+    /// `torch.empty_like(args[0], **kw)` made natively for a plain dense CUDA tensor (of `dtype` where
+    /// the recording named another), else `fallback(*args, **kw)`. The keyword arguments change nothing
+    /// but the dtype (the recorder checks), so the native step does not read them.
+    EmptyLike { alloc: Py<TorchAlloc>, dtype: Option<i32>, fallback: Py<PyAny> },
 }
 
 struct Step {
@@ -250,7 +252,10 @@ impl Plan {
                         }
                     }
                 }
-                Target::EmptyLike { alloc, fallback } => match alloc.get().empty_like(py, ptrs[0]) {
+                Target::EmptyLike { alloc, dtype, fallback } => match alloc
+                    .get()
+                    .empty_like(py, ptrs[0], *dtype)
+                {
                     Some(t) => t,
                     None => call(py, fallback.bind(py), &ptrs[..npos], step.kwnames.as_ref(), &ptrs[npos..])?,
                 },
@@ -323,7 +328,8 @@ impl Plan {
     /// parameters, or ``fallback(*args[nfast:], **kw)`` when it declines), ``"empty"`` (``target`` is
     /// ``(alloc, fallback, sizes, strides, dtype, index)``: a new CUDA tensor made by the ``_TorchAlloc``,
     /// or ``fallback(*args, **kw)`` when it is not used) or ``"empty_like"`` (``target`` is ``(alloc,
-    /// fallback)``, ``args`` one tensor); ``args`` and ``ret`` are sources: ``("a", i)``,
+    /// fallback[, dtype])``, ``args`` one tensor and keyword arguments that change nothing but the dtype,
+    /// which is ``dtype``, a short name, if given); ``args`` and ``ret`` are sources: ``("a", i)``,
     /// ``("a", i, path)``, ``("s", j)``, ``("s", j, k)``, ``("c", value)``, ``("t", srcs)``,
     /// ``("l", srcs)``; ``kwnames`` names the last arguments (or is None). ``guard`` is
     /// ``(owner, name, value)``. ``bound``: the plan is one call of the DSL's bound call (counted
@@ -406,15 +412,26 @@ impl Plan {
                     }
                 }
                 "empty_like" => {
-                    let (alloc, fallback): (Bound<'_, PyAny>, Py<PyAny>) = target.extract()?;
-                    if args.len() != 1 || nkw != 0 {
+                    let (alloc, fallback, dtype): (Bound<'_, PyAny>, Py<PyAny>, Option<String>) =
+                        match target.extract() {
+                            Ok((a, f)) => (a, f, None),
+                            Err(_) => {
+                                let (a, f, d): (Bound<'_, PyAny>, Py<PyAny>, String) = target.extract()?;
+                                (a, f, Some(d))
+                            }
+                        };
+                    if args.len() != nkw + 1 {
                         return Err(spec_err("an empty_like step takes one tensor"));
                     }
                     let alloc = alloc
                         .cast_into::<TorchAlloc>()
                         .map_err(|_| spec_err("an empty_like step allocates through a _TorchAlloc"))?
                         .unbind();
-                    Target::EmptyLike { alloc, fallback }
+                    match dtype.map(|d| alloc.get().dtype_code(&d)) {
+                        None => Target::EmptyLike { alloc, dtype: None, fallback },
+                        Some(Some(code)) => Target::EmptyLike { alloc, dtype: Some(code), fallback },
+                        Some(None) => Target::Call(fallback), // a dtype the shim does not name: torch's call
+                    }
                 }
                 other => return Err(spec_err(format!("unknown step kind {other:?}"))),
             };
@@ -484,7 +501,7 @@ impl Plan {
                     visit.call(launch)?;
                     visit.call(fallback)?;
                 }
-                Target::Empty { alloc, fallback, .. } | Target::EmptyLike { alloc, fallback } => {
+                Target::Empty { alloc, fallback, .. } | Target::EmptyLike { alloc, fallback, .. } => {
                     visit.call(alloc)?;
                     visit.call(fallback)?;
                 }

@@ -23,7 +23,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 
 use super::current::symbol;
-use super::tensor_impl::{direct_with, layout};
+use super::tensor_impl::{direct_with, layout, CUDA_DEVICE_CODE};
 
 /// `AOTITorchError aoti_torch_empty_strided(int64_t ndim, const int64_t* sizes, const int64_t*
 /// strides, int32_t dtype, int32_t device_type, int32_t device_index, AtenTensorHandle* ret)`.
@@ -160,15 +160,19 @@ impl TorchAlloc {
     }
 
     /// `torch.empty_like(x)` for a plain, non-overlapping and dense CUDA tensor `x` (same sizes,
-    /// strides, dtype and device), or `None` (the caller calls torch).
+    /// strides, dtype and device), or `torch.empty_like(x, dtype=...)` with `dtype` the shim's code of
+    /// another dtype; `None`: the caller calls torch.
     pub(crate) fn empty_like<'py>(
         &self,
         py: Python<'py>,
         x: *mut ffi::PyObject,
+        dtype: Option<i32>,
     ) -> Option<Bound<'py, PyAny>> {
         let d = direct_with(layout()?, x)?;
-        let (ty, index) = d.device()?;
-        if ty != "cuda" {
+        // The device by c10's fixed CUDA code (`device()` names only the device types a keyed tensor has
+        // shown it, and a process may allocate before it keys any CUDA tensor).
+        let (code, index, has) = d.device_raw();
+        if has != 1 || code != CUDA_DEVICE_CODE || index < 0 {
             return None;
         }
         let slot = self.by_idx.get(usize::from(d.idx))?;
@@ -184,7 +188,7 @@ impl TorchAlloc {
         if !non_overlapping_and_dense(sizes, strides) {
             return None;
         }
-        self.empty_cuda(py, sizes, strides, code, i32::try_from(index).ok()?)
+        self.empty_cuda(py, sizes, strides, dtype.unwrap_or(code), i32::from(index))
     }
 
     /// The shim's code for `dtype` (a short name such as `"float32"`), if the shim names it.
@@ -248,11 +252,22 @@ impl TorchAlloc {
         Ok(self.empty_cuda(py, &sizes, &strides, code, index))
     }
 
-    /// `empty_like(x, /) -> Tensor | None`: as ``torch.empty_like(x)`` for a plain, dense CUDA tensor,
-    /// else None.
-    #[pyo3(name = "empty_like", signature = (x, /))]
-    fn py_empty_like<'py>(&self, x: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
-        self.empty_like(x.py(), x.as_ptr())
+    /// `empty_like(x, dtype=None, /) -> Tensor | None`: as ``torch.empty_like(x, dtype=dtype)`` (a
+    /// short name such as ``"float16"``) for a plain, dense CUDA tensor, else None.
+    #[pyo3(name = "empty_like", signature = (x, dtype = None, /))]
+    fn py_empty_like<'py>(
+        &self,
+        x: &Bound<'py, PyAny>,
+        dtype: Option<&str>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let code = match dtype {
+            None => None,
+            Some(d) => Some(
+                self.dtype_code(d)
+                    .ok_or_else(|| PyValueError::new_err(format!("torch's C shim names no dtype {d:?}")))?,
+            ),
+        };
+        Ok(self.empty_like(x.py(), x.as_ptr(), code))
     }
 
     /// `failed -> bool`: whether the shim reported an error (it is not called again).

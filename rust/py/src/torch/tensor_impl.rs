@@ -117,7 +117,7 @@ impl Direct {
 
     /// `(code, index, has_value)` of the tensor's device.
     #[inline]
-    fn device_raw(&self) -> (i8, i8, u8) {
+    pub(crate) fn device_raw(&self) -> (i8, i8, u8) {
         // SAFETY: verified offset of device_opt_ (three bytes) in a plain TensorImpl.
         unsafe {
             let p = self.imp.add(self.l.impl_device);
@@ -178,7 +178,7 @@ impl Direct {
 }
 
 /// c10::DeviceType::CUDA (a fixed enum value of c10).
-const CUDA_DEVICE_CODE: i8 = 1;
+pub(crate) const CUDA_DEVICE_CODE: i8 = 1;
 
 /// The data pointer of a plain CUDA tensor on device `index`, read from its `TensorImpl`; `None`
 /// for anything else (another device, host memory, a subclass, an unverified layout). What
