@@ -1,11 +1,13 @@
 """Where a warm Helion call (and a FlagGems op) through jitkey.dsl spends its host time (GPU): each piece
-timed alone; for FlagGems, each op's replayed plan (its steps) and how often a compiled step declined.
+timed alone; for FlagGems, each op's replayed plan (its steps), what each step adds to a replay (plans of its
+first k steps timed interleaved) and how often a compiled step declined.
 
-    python scripts/dsl_profile.py [helion] [flag_gems] [cases]
+    python scripts/dsl_profile.py [helion] [flag_gems] [cases] [alloc]
 
 ``cases``: every Helion case of the DSL bench, pieces timed interleaved (each item's batch in turn, 40
 rounds, the host alone behind a GPU sleep): the call, the site's key, the plan's replay, and torch's and the
-native allocations; prints each plan's steps.
+native allocations; prints each plan's steps. ``alloc``: one allocation natively (alone and as plan steps) and
+through torch, the same way.
 
 Each figure is the median over 15 loops of 2,000 back-to-back calls (µs per call), synchronized between loops,
 and the host alone: 300 calls queued behind a GPU sleep, so the GPU does not pace them.
@@ -136,9 +138,103 @@ def _describe(target):
     return getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or type(target).__name__
 
 
+def _prefixes(plan, spec, args):
+    """Each step's host cost: plans of the first k steps (k = 0 .. all, result None) timed interleaved, so the
+    difference of two neighbours is what step k costs on a replay."""
+    from jitkey import dsl_bench
+    from jitkey._core import _Plan
+
+    nargs, steps = spec
+    items = {f"first {k} steps": (_Plan(nargs, steps[:k], ("c", None)), args) for k in range(len(steps) + 1)}
+    items["the whole plan"] = (plan, args)
+    times, _paced = dsl_bench.time_interleaved(items, 15, 200, rotate=True)
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    prev = None
+    for k, (name, v) in enumerate(med.items()):
+        what = "" if k == 0 or k > len(steps) else f"  + step {k - 1} {steps[k - 1][0]}: {v - prev:+.3f}"
+        print(f"    {name:20s} {v:7.3f} us{what}")
+        prev = v
+
+
+def _bound_args(fn, args):
+    """The call's arguments as the site binds them (every parameter, defaults applied), which a plan takes."""
+    import inspect
+
+    b = inspect.signature(fn).bind(*args)
+    b.apply_defaults()
+    return tuple(b.arguments.values())
+
+
+def _compiled_pieces(spec, args):
+    """Each compiled step's launch in pieces (host alone, interleaved): the step as a plan runs it
+    (``_CompiledLaunch``), the same kernel through ``_LaunchPlan.launch`` (pack + launch, no stream or hook
+    reads), and the driver floor of that kernel (``_LaunchPlan._floor(1, ...)``: one packed launch)."""
+    from jitkey import dsl_bench
+    from jitkey._core import _Plan
+    from jitkey.triton import _installed
+
+    nargs, steps = spec
+    slots = _Plan(nargs, steps, ("t", tuple(("s", j) for j in range(len(steps)))))(*args)
+    items = {}
+    for k, (kind, target, srcs, _kw) in enumerate(steps):
+        if kind != "compiled":
+            continue
+        cl, nfast, _fallback = target
+
+        def value(src):
+            tag = src[0]
+            if tag == "c":
+                return src[1]
+            if tag == "a":
+                return args[src[1]] if len(src) == 2 else _item(args[src[1]], src[2])
+            if tag == "s":
+                return slots[src[1]] if len(src) == 2 else slots[src[1]][src[2]]
+            raise ValueError(src)
+
+        vals = [value(src) for src in srcs[:nfast]]
+        grid, params = vals[0], vals[1:]
+        ck = cl(grid, *params)
+        lp, why = _installed.launch_plan(ck, ck.run, len(ck.src.signature))
+        dev = torch.cuda.current_device()
+        stream = torch._C._cuda_getCurrentRawStream(dev)
+        items[f"step {k}: _CompiledLaunch(grid, *params)"] = (cl, (grid, *params))
+        if lp is None:
+            print(f"    step {k}: no launch plan ({why})")
+            continue
+        items[f"step {k}: _LaunchPlan.launch"] = (lp.launch, (*grid, stream, dev, *params))
+        try:
+            lp._floor(1, *grid, stream, dev, *params)
+        except ValueError as exc:  # e.g. a kernel with scratch buffers
+            print(f"    step {k}: no driver floor ({exc})")
+            continue
+        items[f"step {k}: driver floor (_floor(1))"] = (lp._floor, (1, *grid, stream, dev, *params))
+    items["torch.cuda._sleep(0) (torch's own launch)"] = (torch.cuda._sleep, (0,))
+    if not items:
+        return
+    times, _paced = dsl_bench.time_interleaved(items, 15, 200, rotate=True)
+    for name, v in times.items():
+        print(f"    {name:45s} {sorted(v)[len(v) // 2]:7.3f} us")
+
+
+def _item(obj, path):
+    for i in path:
+        obj = obj[i]
+    return obj
+
+
 def flag_gems() -> None:
     from jitkey import dsl, dsl_bench
     from jitkey.integrations import flag_gems as fg
+
+    specs = {}
+    make_plan = dsl._Plan
+
+    def keeping_plan(nargs, steps, ret, *rest, **kw):  # keeps each plan's spec, for the step ablation
+        plan = make_plan(nargs, steps, ret, *rest, **kw)
+        specs[id(plan)] = (plan, (nargs, list(steps)))
+        return plan
+
+    dsl._Plan = keeping_plan
 
     asked = {"n": 0}
     own_ask = fg._ask_libentry
@@ -160,8 +256,13 @@ def flag_gems() -> None:
             plan = site.plan(*args)
             print("  steps:", [(kind, _describe(t)) for kind, t in plan.steps])
             asked["n"] = 0
-            t("  plan(*args) (the replay alone)", plan, *args, n=500, reps=5)
+            bound = _bound_args(fn, args)
+            t("  plan(*args) (the replay alone)", plan, *bound, n=500, reps=5)
             print(f"  compiled steps declined (LibEntry asked) {asked['n']} times in {500 * 8} replays")
+            kept = specs.get(id(plan))
+            if kept is not None and kept[0] is plan:
+                _prefixes(plan, kept[1], bound)
+                _compiled_pieces(kept[1], bound)
         except Exception as exc:
             print("  no plan:", type(exc).__name__, exc)
         t("  site.call(*args)", site.call, *args, n=500, reps=5)
@@ -199,6 +300,37 @@ def cases() -> None:
         )
 
 
+def alloc() -> None:
+    """The native allocation against torch's, host alone, interleaved: what one allocation step costs."""
+    from jitkey import _torch_alloc, dsl_bench
+    from jitkey._core import _Plan
+
+    x = torch.randn(4096, device="cuda")
+    native = _torch_alloc.get()
+    print("native allocation:", _torch_alloc.status())
+    dev = x.device.index
+    f32 = torch.float32
+    items = {
+        "torch.empty(4096, dtype, device)": (lambda: torch.empty(4096, dtype=f32, device=x.device), ()),
+        "torch.empty_like(x)": (torch.empty_like, (x,)),
+        "torch.zeros(4096) (alloc + fill launch)": (lambda: torch.zeros(4096, device=x.device), ()),
+        "empty plan of no step": (_Plan(0, [], ("c", None)), ()),
+    }
+    if native is not None:
+        items["native empty_strided([4096])"] = (native.empty_strided, ([4096], [1], "float32", dev))
+        items["native empty_like(x)"] = (native.empty_like, (x,))
+        step = ("empty", (native, torch.empty, [4096], [1], "float32", dev), [], None)
+        items["plan of one empty step"] = (_Plan(0, [step], ("c", None)), ())
+        items["plan of two empty steps"] = (_Plan(0, [step, step], ("c", None)), ())
+    times, _paced = dsl_bench.time_interleaved(items, 30, 200, rotate=True)
+    for k, v in times.items():
+        print(
+            f"{k:55s} {sorted(v)[len(v) // 2]:7.3f} us (host alone, median of {len(v)} interleaved batches)"
+        )
+
+
+if "alloc" in WHICH:
+    alloc()
 if "cases" in WHICH:
     cases()
 if "helion" in WHICH:
