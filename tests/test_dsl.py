@@ -366,6 +366,27 @@ def test_contiguous_that_returns_its_own_tensor_is_folded_and_a_copy_is_a_step()
     assert torch.equal(out, x)
 
 
+def test_layout_and_memory_format_arguments_are_keyed_not_fallbacks():
+    """An op taking ``memory_format=`` / ``layout=`` (as torch passes them to a DSL's registered op) is keyed by them:
+    one plan per value, each replaying what the call does for it."""
+
+    def host(x, memory_format=torch.contiguous_format, layout=torch.strided):
+        assert layout is torch.strided
+        return x.contiguous(memory_format=memory_format) * 2
+
+    site = make_site(host, ["x", "memory_format", "layout"])
+    x = torch.randn(2, 3, 4, 5)
+    for fmt in (torch.contiguous_format, torch.channels_last, torch.contiguous_format, torch.channels_last):
+        for _ in range(2):
+            got, want = site.call(x, fmt, torch.strided), host(x, fmt, torch.strided)
+            assert torch.equal(got, want) and got.stride() == want.stride()
+    st = site.stats()
+    assert (st["misses"], st["replays"], st["fallbacks"], st["plans"]) == (2, 6, 0, 2), st
+    assert site.key(x, torch.channels_last, torch.strided) != site.key(
+        x, torch.contiguous_format, torch.strided
+    )
+
+
 def _core_name(target):
     return getattr(target, "__name__", type(target).__name__)
 

@@ -81,6 +81,31 @@ def test_torch_devices_and_dtypes() -> None:
     assert len({jitkey.encode(dt) for dt in [torch.float16, torch.bfloat16, torch.half]}) == 2
 
 
+def test_torch_layouts_and_memory_formats() -> None:
+    """``torch.layout`` / ``torch.memory_format`` (a DSL's ``layout=`` / ``memory_format=`` arguments) have their own
+    leaves: every value apart, apart from strings and dtypes of the same spelling, and from a class that only calls
+    itself ``torch.layout`` (its ``__jitkey__`` names the same layout); as the reference encodes them."""
+    values = [
+        *(getattr(torch, n) for n in ("strided", "sparse_coo", "sparse_csr", "_mkldnn")),
+        *(
+            getattr(torch, n)
+            for n in ("contiguous_format", "channels_last", "channels_last_3d", "preserve_format")
+        ),
+    ]
+    encodings = [jitkey.encode(v) for v in values]
+    assert len(set(encodings)) == len(values)
+    for v, e in zip(values, encodings, strict=True):
+        assert e == _reference.encode(v)
+        assert e != jitkey.encode(str(v).removeprefix("torch.")) and e != jitkey.encode(str(v))
+    assert jitkey.encode(torch.legacy_contiguous_format) == jitkey.encode(
+        torch.contiguous_format
+    )  # one object
+
+    impostor = type("layout", (), {"__module__": "torch", "__jitkey__": lambda self: "strided"})
+    assert jitkey.encode(impostor()) != jitkey.encode(torch.strided)
+    assert jitkey.encode((torch.strided, torch.float32)) == _reference.encode((torch.strided, torch.float32))
+
+
 class Point:
     def __init__(self, x: int, y: int) -> None:
         self.x, self.y = x, y

@@ -25,7 +25,8 @@ def encode(value: object, /) -> bytes:
     """Return the canonical encoding of a key tree.
 
     Leaves: ``None``, ``bool``, ``int`` (any size), ``float`` (bit-exact, one canonical NaN), ``str``,
-    ``bytes``, ``tuple`` (nested up to :data:`MAX_DEPTH`), ``torch.dtype``, ``torch.device`` and objects
+    ``bytes``, ``tuple`` (nested up to :data:`MAX_DEPTH`), ``torch.dtype``, ``torch.device``, ``torch.layout``,
+    ``torch.memory_format`` and objects
     whose type defines ``__jitkey__()`` (returning a key tree). Exact types only: subclasses of builtins
     need ``__jitkey__`` too. Equal encodings mean equal key trees; ``True``, ``1``, ``1.0`` and ``"1"``
     all differ.

@@ -19,7 +19,7 @@ DIGEST_DOMAIN = b"jitkey/key/v2\x00"
 MAX_DEPTH = 64
 
 T_NONE, T_FALSE, T_TRUE, T_INT, T_BIGINT, T_FLOAT = 0, 1, 2, 3, 4, 5
-T_STR, T_BYTES, T_TUPLE, T_DTYPE, T_DEVICE, T_OBJECT = 6, 7, 8, 9, 10, 11
+T_STR, T_BYTES, T_TUPLE, T_DTYPE, T_DEVICE, T_OBJECT, T_LAYOUT, T_MEMORY_FORMAT = 6, 7, 8, 9, 10, 11, 12, 13
 CANONICAL_NAN = 0x7FF8000000000000
 
 
@@ -98,6 +98,10 @@ def encode(value: Any, _depth: int = 0) -> bytes:
         t: bytes = value.type.encode("ascii")
         idx = -1 if value.index is None else value.index
         return bytes([T_DEVICE, len(t)]) + t + struct.pack("<q", idx)
+    for kind, tag in (("layout", T_LAYOUT), ("memory_format", T_MEMORY_FORMAT)):
+        if _is_torch(value, kind):
+            short = str(value).removeprefix("torch.").encode("ascii")
+            return bytes([tag, len(short)]) + short
     if hasattr(tp, "__jitkey__"):
         if _depth >= MAX_DEPTH:
             raise KeyDepthError(f"key is nested deeper than the limit of {MAX_DEPTH} levels")

@@ -32,7 +32,8 @@ What a function key includes (for the function and, transitively, every function
 How values (globals, cells, defaults, partial arguments) are keyed:
 
 * Anything :func:`jitkey.encode` accepts (None, bool, int, float, str, bytes, tuples of them,
-  ``torch.dtype``, ``torch.device``, objects with ``__jitkey__``) by value. Tuples holding other
+  ``torch.dtype``, ``torch.device``, ``torch.layout``, ``torch.memory_format``, objects with ``__jitkey__``) by
+  value. Tuples holding other
   supported things (functions, modules, ...) element by element.
 * Python functions written by the user (code outside ``site-packages``/``dist-packages`` and the
   standard library, or local functions anywhere) by content, as above; cycles terminate (each

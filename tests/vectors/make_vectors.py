@@ -1,6 +1,7 @@
 """Regenerate ``keys.json``, the committed test vectors of the key encoding (format v2).
 
-Run only for a deliberate format change (which also bumps FORMAT_VERSION and DIGEST_DOMAIN):
+Run only for a deliberate format change (which also bumps FORMAT_VERSION and DIGEST_DOMAIN), or to pin a leaf added
+to the format that no earlier key could contain (every earlier vector must come out unchanged):
 ``python tests/vectors/make_vectors.py > tests/vectors/keys.json``. The encodings come from the
 pure-Python reference (``jitkey._reference``), not from the Rust code under test.
 """
@@ -32,7 +33,7 @@ def spec(kind: str, v: Any = None, **kw: Any) -> dict[str, Any]:
 
 def to_python(s: dict[str, Any]) -> Any:
     """The Python value of a spec without torch types (``vectors.value``, the decoder the tests use)."""
-    if s["t"] in ("dtype", "device", "object"):
+    if s["t"] in ("dtype", "device", "layout", "memory_format", "object"):
         raise ValueError(s["t"])
     return vectors.value(s)
 
@@ -93,6 +94,11 @@ EXTRA: list[dict[str, Any]] = [
     {"t": "dtype", "v": "bfloat16"},
     {"t": "device", "type": "cuda", "index": 0},
     {"t": "device", "type": "cpu", "index": None},
+    # Added to format v2 later (0x0C, 0x0D): values that had no encoding before.
+    {"t": "layout", "v": "strided"},
+    {"t": "layout", "v": "sparse_coo"},
+    {"t": "memory_format", "v": "channels_last"},
+    {"t": "memory_format", "v": "contiguous_format"},
     {"t": "object", "module": "examples", "qualname": "Point", "v": T(I(1), I(2))},
     # One dotted name, two types (v1 keyed both as "pkg.sub.K"): format v2 keeps them apart.
     {"t": "object", "module": "pkg.sub", "qualname": "K", "v": I(1)},
@@ -111,6 +117,9 @@ def encode_spec(s: dict[str, Any]) -> bytes:
         ty = s["type"].encode()
         idx = -1 if s["index"] is None else s["index"]
         return bytes([ref.T_DEVICE, len(ty)]) + ty + struct.pack("<q", idx)
+    if t in ("layout", "memory_format"):
+        name = s["v"].encode()
+        return bytes([ref.T_LAYOUT if t == "layout" else ref.T_MEMORY_FORMAT, len(name)]) + name
     if t == "object":
         return ref.object_header(s["module"], s["qualname"]) + encode_spec(s["v"])
     return ref.encode(to_python(s))

@@ -19,7 +19,8 @@ def load() -> dict[str, Any]:
 
 
 def value(s: dict[str, Any]) -> Any:
-    """The Python value a vector's spec describes (``dtype``/``device`` specs import torch)."""
+    """The Python value a vector's spec describes (``dtype``/``device``/``layout``/``memory_format`` specs import
+    torch)."""
     t = s["t"]
     if t == "none":
         return None
@@ -41,6 +42,12 @@ def value(s: dict[str, Any]) -> Any:
         import torch
 
         return torch.device(s["type"], s["index"]) if s["index"] is not None else torch.device(s["type"])
+    if t in ("layout", "memory_format"):
+        import torch
+
+        v = getattr(torch, s["v"])
+        assert type(v) is getattr(torch, t)
+        return v
     if t == "object":
         module, qualname = s["module"], s["qualname"]
         inner = value(s["v"])
@@ -51,7 +58,7 @@ def value(s: dict[str, Any]) -> Any:
 
 
 def needs_torch(s: dict[str, Any]) -> bool:
-    if s["t"] in ("dtype", "device"):
+    if s["t"] in ("dtype", "device", "layout", "memory_format"):
         return True
     if s["t"] == "tuple":
         return any(needs_torch(x) for x in s["v"])

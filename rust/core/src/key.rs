@@ -24,6 +24,8 @@
 //! | `0x09` | dtype | u8 length, ASCII name without the `torch.` prefix (`float32`) |
 //! | `0x0A` | device | u8 length, device type (`cuda`), then i64 LE index (−1 when none) |
 //! | `0x0B` | object | u16 LE length + the type's `__module__` (UTF-8), u16 LE length + its `__qualname__`, then its `__jitkey__()` value |
+//! | `0x0C` | layout | u8 length, ASCII name without the `torch.` prefix (`strided`) |
+//! | `0x0D` | memory format | u8 length, ASCII name without the `torch.` prefix (`channels_last`) |
 //!
 //! Tags `0x10..=0x3F` are reserved for signature leaves (tensor metadata, Triton buckets); a
 //! signature's encoding starts with its own header, so it never equals a plain value's encoding.
@@ -41,6 +43,8 @@
 //! * v2: module and qualname are two length-prefixed fields, always both written. The domain changed
 //!   with it, so every v1 digest misses once (recomputed and stored under its v2 digest); no v1 key can
 //!   equal a v2 key.
+//! * v2 grew the `0x0C`/`0x0D` leaves (`torch.layout`, `torch.memory_format`) later: values that had
+//!   no encoding before (keying them raised), so every earlier key keeps its encoding and digest.
 
 use std::fmt;
 use std::hash::BuildHasher;
@@ -82,6 +86,10 @@ pub mod tag {
     pub const DEVICE: u8 = 0x0A;
     /// A user object keyed through `__jitkey__()`.
     pub const OBJECT: u8 = 0x0B;
+    /// A `torch.layout`.
+    pub const LAYOUT: u8 = 0x0C;
+    /// A `torch.memory_format`.
+    pub const MEMORY_FORMAT: u8 = 0x0D;
     /// First tag reserved for signature leaves.
     pub const SIGNATURE_FIRST: u8 = 0x10;
     /// Last tag reserved for signature leaves.
@@ -341,6 +349,30 @@ impl Encoder {
         Ok(())
     }
 
+    /// A `torch.layout` by its short name (`strided`).
+    ///
+    /// # Errors
+    /// [`EncodeError::BadName`] unless the name is 1..=255 ASCII bytes.
+    pub fn layout(&mut self, name: &str) -> Result<(), EncodeError> {
+        self.named(tag::LAYOUT, "layout", name)
+    }
+
+    /// A `torch.memory_format` by its short name (`channels_last`).
+    ///
+    /// # Errors
+    /// [`EncodeError::BadName`] unless the name is 1..=255 ASCII bytes.
+    pub fn memory_format(&mut self, name: &str) -> Result<(), EncodeError> {
+        self.named(tag::MEMORY_FORMAT, "memory format", name)
+    }
+
+    fn named(&mut self, t: u8, what: &'static str, name: &str) -> Result<(), EncodeError> {
+        let len = short_name(what, name)?;
+        self.buf.push(t);
+        self.buf.push(len);
+        self.buf.extend_from_slice(name.as_bytes());
+        Ok(())
+    }
+
     /// A device: its type (`cuda`, `cpu`, …) and index (`None` when the device has none).
     ///
     /// # Errors
@@ -454,6 +486,10 @@ pub enum Value {
     Dtype(String),
     /// A device type and index.
     Device(String, Option<i64>),
+    /// A `torch.layout` short name.
+    Layout(String),
+    /// A `torch.memory_format` short name.
+    MemoryFormat(String),
     /// A `__jitkey__` object: its type's module and qualname, and its key value.
     Object(String, String, Box<Value>),
 }
@@ -498,6 +534,8 @@ impl Value {
             }
             Value::Dtype(d) => e.dtype(d)?,
             Value::Device(t, i) => e.device(t, *i)?,
+            Value::Layout(n) => e.layout(n)?,
+            Value::MemoryFormat(n) => e.memory_format(n)?,
             Value::Object(module, qualname, v) => {
                 e.object_header(module, qualname)?;
                 v.encode_depth(e, depth + 1)?;
@@ -551,6 +589,10 @@ mod tests {
             Value::Tuple(vec![Value::Int(1)]),
             Value::Dtype("float32".into()),
             Value::Str("float32".into()),
+            Value::Layout("strided".into()),
+            Value::MemoryFormat("strided".into()),
+            Value::Dtype("strided".into()),
+            Value::Object("torch".into(), "layout".into(), Box::new(Value::Str("strided".into()))),
             Value::None,
             Value::Bool(false),
             Value::Int(0),

@@ -677,6 +677,8 @@ fn decode_value(r: &mut Reader<'_>) -> Result<Value, DecodeError> {
             Value::Tuple(items)
         }
         vtag::DTYPE => Value::Dtype(r.short_str()?),
+        vtag::LAYOUT => Value::Layout(r.short_str()?),
+        vtag::MEMORY_FORMAT => Value::MemoryFormat(r.short_str()?),
         vtag::DEVICE => {
             let ty = r.short_str()?;
             let idx = r.i64()?;

@@ -21,6 +21,8 @@ fn value_from(spec: &Json) -> Value {
         "tuple" => Value::Tuple(spec["v"].as_array().unwrap().iter().map(value_from).collect()),
         "dtype" => Value::Dtype(spec["v"].as_str().unwrap().to_owned()),
         "device" => Value::Device(spec["type"].as_str().unwrap().to_owned(), spec["index"].as_i64()),
+        "layout" => Value::Layout(spec["v"].as_str().unwrap().to_owned()),
+        "memory_format" => Value::MemoryFormat(spec["v"].as_str().unwrap().to_owned()),
         "object" => Value::Object(
             spec["module"].as_str().unwrap().to_owned(),
             spec["qualname"].as_str().unwrap().to_owned(),

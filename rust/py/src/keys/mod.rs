@@ -25,7 +25,7 @@ use pyo3::types::{PyBytes, PyDict, PyString, PyType};
 
 use crate::cpython::{init_layout, is_type, tuple_item, tuple_len};
 use crate::errors::{KeyDepthError, KeyLengthError, UnsupportedKeyError};
-use crate::torch::{device_of, dtype_name, torch_kind, TorchError, TorchKind};
+use crate::torch::{device_of, dtype_name, torch_enum_name, torch_kind, TorchError, TorchKind};
 pub(crate) use structural::{structural_eq, structural_hash};
 
 /// One step of the path from the root of a key tree to the failing leaf.
@@ -157,7 +157,8 @@ impl From<PyErr> for WalkError {
 pub(crate) type WalkResult<T = ()> = Result<T, WalkError>;
 
 const UNSUPPORTED_WHY: &str = "jitkey keys None, bool, int, float, str, bytes, tuple, torch.dtype, \
-     torch.device and objects defining __jitkey__(); subclasses of builtins need __jitkey__() too";
+     torch.device, torch.layout, torch.memory_format and objects defining __jitkey__(); subclasses of builtins \
+     need __jitkey__() too";
 
 /// A type's identity in keys: its `__module__` and `__qualname__`, two separate fields (key format
 /// v2). Both may contain dots, so no single dotted string names a type unambiguously (a class `K` of
@@ -182,8 +183,8 @@ pub(crate) fn type_identity(ty: &Bound<'_, PyType>) -> WalkResult<(String, Strin
     Ok((field(intern!(py, "__module__"))?, field(intern!(py, "__qualname__"))?))
 }
 
-/// A `torch.dtype` / `torch.device` (exact type checked by `torch_kind`), named through the
-/// shared tables of `crate::torch`.
+/// A `torch.dtype` / `torch.device` / `torch.layout` / `torch.memory_format` (exact type checked by
+/// `torch_kind`), named through `crate::torch`.
 #[cold]
 fn encode_torch(obj: &Bound<'_, PyAny>, kind: TorchKind, enc: &mut Encoder) -> WalkResult {
     match kind {
@@ -192,6 +193,8 @@ fn encode_torch(obj: &Bound<'_, PyAny>, kind: TorchKind, enc: &mut Encoder) -> W
             let (ty, index) = device_of(obj)?;
             enc.device(ty, (index >= 0).then_some(index))?;
         }
+        TorchKind::Layout => enc.layout(&torch_enum_name(obj)?)?,
+        TorchKind::MemoryFormat => enc.memory_format(&torch_enum_name(obj)?)?,
     }
     Ok(())
 }
@@ -435,7 +438,8 @@ pub(crate) fn with_encoding<R>(
 /// Return the canonical encoding of a key tree.
 ///
 /// Leaves: ``None``, ``bool``, ``int`` (any size), ``float`` (bit-exact, one canonical NaN), ``str``,
-/// ``bytes``, ``tuple`` (nested up to :data:`MAX_DEPTH`), ``torch.dtype``, ``torch.device`` and objects
+/// ``bytes``, ``tuple`` (nested up to :data:`MAX_DEPTH`), ``torch.dtype``, ``torch.device``, ``torch.layout``,
+/// ``torch.memory_format`` and objects
 /// whose type defines ``__jitkey__()`` (returning a key tree). Exact types only: subclasses of builtins
 /// need ``__jitkey__`` too. Equal encodings mean equal key trees; ``True``, ``1``, ``1.0`` and ``"1"``
 /// all differ.

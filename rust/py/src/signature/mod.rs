@@ -308,7 +308,7 @@ fn value_to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
             let v = items.iter().map(|x| value_to_py(py, x)).collect::<PyResult<Vec<_>>>()?;
             PyTuple::new(py, v)?.into_any()
         }
-        Value::Dtype(d) => PyString::new(py, d).into_any(),
+        Value::Dtype(d) | Value::Layout(d) | Value::MemoryFormat(d) => PyString::new(py, d).into_any(),
         Value::Device(t, i) => match i {
             Some(i) => PyString::new(py, &format!("{t}:{i}")).into_any(),
             None => PyString::new(py, t).into_any(),
@@ -341,6 +341,7 @@ fn render(v: &Value) -> String {
             }
         }
         Value::Dtype(d) => d.clone(),
+        Value::Layout(n) | Value::MemoryFormat(n) => format!("torch.{n}"),
         Value::Device(t, Some(i)) => format!("{t}:{i}"),
         Value::Device(t, None) => t.clone(),
         Value::Object(module, qualname, inner) => format!("{module}:{qualname}({})", render(inner)),

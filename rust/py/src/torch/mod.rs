@@ -127,6 +127,8 @@ pub(crate) fn is_tensor(tp: *mut ffi::PyTypeObject) -> bool {
 
 static DTYPE_TYPE: AtomicPtr<ffi::PyTypeObject> = AtomicPtr::new(std::ptr::null_mut());
 static DEVICE_TYPE: AtomicPtr<ffi::PyTypeObject> = AtomicPtr::new(std::ptr::null_mut());
+static LAYOUT_TYPE: AtomicPtr<ffi::PyTypeObject> = AtomicPtr::new(std::ptr::null_mut());
+static MEMORY_FORMAT_TYPE: AtomicPtr<ffi::PyTypeObject> = AtomicPtr::new(std::ptr::null_mut());
 
 /// `torch.dtype` once a dtype has been met (null before): for a pointer compare on hot paths.
 #[inline(always)]
@@ -138,6 +140,8 @@ pub(crate) fn dtype_type() -> *mut ffi::PyTypeObject {
 pub(crate) enum TorchKind {
     Dtype,
     Device,
+    Layout,
+    MemoryFormat,
 }
 
 /// Whether `tp` (the type of `obj`) is `torch.dtype` / `torch.device`. The fast check is a pointer
@@ -151,6 +155,12 @@ pub(crate) fn torch_kind(obj: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject) -> 
     }
     if tp == DEVICE_TYPE.load(Ordering::Acquire) {
         return Some(TorchKind::Device);
+    }
+    if tp == LAYOUT_TYPE.load(Ordering::Acquire) {
+        return Some(TorchKind::Layout);
+    }
+    if tp == MEMORY_FORMAT_TYPE.load(Ordering::Acquire) {
+        return Some(TorchKind::MemoryFormat);
     }
     torch_kind_slow(obj, tp)
 }
@@ -167,6 +177,8 @@ fn torch_kind_slow(obj: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject) -> Option
     let (kind, slot, attr) = match name.to_str().ok()? {
         "dtype" => (TorchKind::Dtype, &DTYPE_TYPE, intern!(py, "dtype")),
         "device" => (TorchKind::Device, &DEVICE_TYPE, intern!(py, "device")),
+        "layout" => (TorchKind::Layout, &LAYOUT_TYPE, intern!(py, "layout")),
+        "memory_format" => (TorchKind::MemoryFormat, &MEMORY_FORMAT_TYPE, intern!(py, "memory_format")),
         _ => return None,
     };
     // SAFETY: `tp` is the live type of `obj`.
@@ -180,6 +192,19 @@ fn torch_kind_slow(obj: &Bound<'_, PyAny>, tp: *mut ffi::PyTypeObject) -> Option
     std::mem::forget(ty.clone().unbind());
     slot.store(tp, Ordering::Release);
     Some(kind)
+}
+
+/// The short name of a real `torch.layout` or `torch.memory_format` (`strided`, `channels_last`;
+/// the caller checked the exact type with [`torch_kind`]): `str()` of torch's own C type, its fixed
+/// spelling `torch.<name>`, not a user-controlled repr. Each is a singleton of torch's module.
+#[cold]
+pub(crate) fn torch_enum_name(obj: &Bound<'_, PyAny>) -> Result<String, TorchError> {
+    let full = obj.str()?;
+    let full = full.to_str()?;
+    match full.strip_prefix("torch.") {
+        Some(short) if !short.is_empty() && short.len() <= 255 && short.is_ascii() => Ok(short.to_owned()),
+        _ => Err(TorchError::Msg(format!("unusable {} name {full:?}", type_name(obj)))),
+    }
 }
 
 /// Whether `obj` is a real `torch.dtype` (see [`torch_kind`]).
