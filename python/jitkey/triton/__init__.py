@@ -50,7 +50,6 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-from jitkey import _torch_current
 from jitkey.errors import Unkeyable
 from jitkey.triton import _installed, _watch
 from jitkey.triton._installed import triton_info
@@ -151,6 +150,8 @@ def _watched_state(info: Any) -> dict[str, Any]:
 
 
 def _native_current() -> dict[str, Any]:
+    from jitkey import _torch_current  # not at import: decoration does not need it (the first launch does)
+
     rt = _installed.runtime
     if rt is not None:
         why = getattr(rt, "native_problem", "the runtime has no native getters")
