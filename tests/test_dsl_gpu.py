@@ -224,6 +224,29 @@ def test_flag_gems_under_use_gems_routes_aten_calls(gems_on):
     assert gems_on.report()["calls"] >= before + 3
 
 
+def test_flag_gems_constructors_called_with_a_layout_replay(gems_on):
+    """torch passes ``layout=`` on to FlagGems' registered constructors when a caller names it: the site keys it
+    (it used to fall back on every such call) and replays what FlagGems made."""
+    import flag_gems
+
+    made = []
+    with flag_gems.use_gems():
+        for _ in range(4):
+            made.append(torch.zeros(257, device=DEV, layout=torch.strided))
+            made.append(torch.ones(3, 5, device=DEV, dtype=torch.float16, layout=torch.strided))
+    for i, t in enumerate(made):
+        want = (
+            torch.zeros(257, device=DEV) if i % 2 == 0 else torch.ones(3, 5, device=DEV, dtype=torch.float16)
+        )
+        assert torch.equal(t, want) and t.dtype == want.dtype and t.layout == torch.strided
+    rep = gems_on.report()
+    assert not any("torch.layout" in r for r in rep["fallback_reasons"]), rep["fallback_reasons"]
+    from jitkey import dsl
+
+    stats = {s.name: s.stats() for s in dsl.sites() if s.name in ("flag_gems:zeros", "flag_gems:ones")}
+    assert stats and all(st["replays"] > 0 for st in stats.values()), stats
+
+
 def test_flag_gems_logging_runs_their_own_path(gems_on):
     import logging
 
@@ -258,6 +281,10 @@ def _alloc():
     return alloc
 
 
+def _meta(t):
+    return (t.shape, t.stride(), t.dtype, t.device)
+
+
 def test_plans_make_their_cuda_tensors_natively_as_torch_would():
     from jitkey import dsl
 
@@ -279,7 +306,7 @@ def test_plans_make_their_cuda_tensors_natively_as_torch_would():
     assert why is None, why
     assert [k for k, _ in gplan.steps] == ["empty"]
     made = gplan(x)
-    assert (made.shape, made.stride(), made.dtype, made.device) == (x.shape, x.stride(), x.dtype, x.device)
+    assert _meta(made) == _meta(x)
     wide = torch.randn(8, 8, device=DEV)
     for t in (
         x,
@@ -291,12 +318,7 @@ def test_plans_make_their_cuda_tensors_natively_as_torch_would():
         out, mid = plan(t)
         want = torch.empty_like(t)  # the non-dense slice takes torch's own function, per call
         assert type(out) is torch.Tensor and not out.requires_grad
-        assert (out.shape, out.stride(), out.dtype, out.device) == (
-            want.shape,
-            want.stride(),
-            want.dtype,
-            want.device,
-        )
+        assert _meta(out) == _meta(want)
         assert (mid.shape, mid.stride(), mid.dtype, mid.device) == ((5,), (1,), torch.float16, x.device)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -339,12 +361,7 @@ def test_empty_like_that_changes_only_the_dtype_is_native():
     ):
         for got, want in zip(plan(t), f(t), strict=True):
             assert type(got) is torch.Tensor and not got.requires_grad
-            assert (got.shape, got.stride(), got.dtype, got.device) == (
-                want.shape,
-                want.stride(),
-                want.dtype,
-                want.device,
-            )
+            assert _meta(got) == _meta(want)
     made = alloc.empty_like(x.t(), "bfloat16")
     assert (made.shape, made.stride(), made.dtype) == (x.t().shape, x.t().stride(), torch.bfloat16)
     with pytest.raises(ValueError, match="names no dtype"):
