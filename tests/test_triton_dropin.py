@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import os
 import subprocess
 import sys
 import textwrap
@@ -395,6 +396,32 @@ def test_torch_size_binds_like_a_tuple():
     assert k != k_obj.key_of((x, torch.Size([64, 17]), 5, 1, 1), {}, device=0)
     assert k != k_obj.key_of((x, (64, 64), 5, 1, 1), {}, device=0)
     _triton_key(k_obj, args, {})  # Triton binds it too
+
+
+def test_decoration_imports_only_what_decoration_uses(tmp_path):
+    """``import jitkey.triton`` and decorating a kernel load neither the device/stream shim nor the state watch (the
+    first launch does); ``jitkey.triton.fast_paths()`` (what ``jitkey info`` shows) loads them when asked."""
+    (tmp_path / "cold_kernel.py").write_text(
+        "import triton\nimport triton.language as tl\nimport jitkey.triton\n\n\n"
+        "@jitkey.triton.jit\ndef k(x, BLOCK: tl.constexpr):\n    pass\n"
+    )
+    code = textwrap.dedent(
+        """
+        import sys
+        import torch, triton
+        import cold_kernel
+        assert type(cold_kernel.k).__name__ == "TritonKernel"
+        lazy = ("jitkey._torch_current", "jitkey._proven", "jitkey.triton._watch")
+        assert not [m for m in lazy if m in sys.modules], [m for m in lazy if m in sys.modules]
+        import jitkey.triton
+        jitkey.triton.fast_paths()
+        assert "jitkey.triton._watch" in sys.modules and "jitkey._torch_current" in sys.modules
+        print("ok")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
 
 
 def test_tensor_descriptors_keyable_once_imported_but_not_imported_by_jitkey():

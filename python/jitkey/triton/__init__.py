@@ -51,7 +51,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from jitkey.errors import Unkeyable
-from jitkey.triton import _installed, _watch
+from jitkey.triton import _installed
 from jitkey.triton._installed import triton_info
 from jitkey.triton._kernel import (
     TritonKernel,
@@ -145,6 +145,8 @@ def fast_paths() -> dict[str, dict[str, Any]]:
 
 
 def _watched_state(info: Any) -> dict[str, Any]:
+    from jitkey.triton import _watch  # not at import: the first launch installs and uses it
+
     why = info.problem or _watch.problem()
     return {"on": why is None, "why": why, "chosen": why == "JITKEY_WATCH=0"}
 

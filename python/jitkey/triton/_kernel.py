@@ -20,7 +20,7 @@ from triton.runtime.jit import jit as _TRITON_JIT
 
 from jitkey._core import MISS, LruCache, Signature, _KernelBase, _TritonEntry, _TritonLauncher, _watch_bump
 from jitkey.errors import GlobalsChangedError, JitKeyError, Unkeyable
-from jitkey.triton import _installed, _watch
+from jitkey.triton import _installed
 from jitkey.triton._installed import launch_plan, triton_info
 
 _log = logging.getLogger("jitkey.triton")
@@ -403,6 +403,8 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         npos = sum(
             p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in self.signature.parameters.values()
         )
+        from jitkey.triton import _watch  # at the first launch, not at import (decoration does not use it)
+
         watch = _watch.for_kernel(self, info.knob_reads)
         return _TritonLauncher(self, self._jk_sig, self._jk_cache, info, rt or _NO_RUNTIME, npos, watch)
 
