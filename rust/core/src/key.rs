@@ -342,11 +342,7 @@ impl Encoder {
     /// # Errors
     /// [`EncodeError::BadName`] unless the name is 1..=255 ASCII bytes.
     pub fn dtype(&mut self, name: &str) -> Result<(), EncodeError> {
-        let len = short_name("dtype", name)?;
-        self.buf.push(tag::DTYPE);
-        self.buf.push(len);
-        self.buf.extend_from_slice(name.as_bytes());
-        Ok(())
+        self.named(tag::DTYPE, "dtype", name)
     }
 
     /// A `torch.layout` by its short name (`strided`).
@@ -365,6 +361,7 @@ impl Encoder {
         self.named(tag::MEMORY_FORMAT, "memory format", name)
     }
 
+    /// A leaf `t` holding a short ASCII name (dtype, layout, memory format): u8 length, then the name.
     fn named(&mut self, t: u8, what: &'static str, name: &str) -> Result<(), EncodeError> {
         let len = short_name(what, name)?;
         self.buf.push(t);
