@@ -195,6 +195,12 @@ impl TorchAlloc {
     pub(crate) fn dtype_code(&self, dtype: &str) -> Option<i32> {
         self.codes.iter().find(|(n, _)| *n == dtype).map(|&(_, c)| c)
     }
+
+    /// As `dtype_code`, for a dtype a Python caller named: a `ValueError` when the shim names none.
+    fn named_code(&self, dtype: &str) -> PyResult<i32> {
+        self.dtype_code(dtype)
+            .ok_or_else(|| PyValueError::new_err(format!("torch's C shim names no dtype {dtype:?}")))
+    }
 }
 
 fn resolve<T>(path: &str, name: &std::ffi::CStr, loaded_only: bool) -> PyResult<T> {
@@ -246,10 +252,7 @@ impl TorchAlloc {
         if sizes.len() != strides.len() {
             return Err(PyValueError::new_err("sizes and strides differ in length"));
         }
-        let code = self
-            .dtype_code(dtype)
-            .ok_or_else(|| PyValueError::new_err(format!("torch's C shim names no dtype {dtype:?}")))?;
-        Ok(self.empty_cuda(py, &sizes, &strides, code, index))
+        Ok(self.empty_cuda(py, &sizes, &strides, self.named_code(dtype)?, index))
     }
 
     /// `empty_like(x, dtype=None, /) -> Tensor | None`: as ``torch.empty_like(x, dtype=dtype)`` (a
@@ -260,13 +263,7 @@ impl TorchAlloc {
         x: &Bound<'py, PyAny>,
         dtype: Option<&str>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let code = match dtype {
-            None => None,
-            Some(d) => Some(
-                self.dtype_code(d)
-                    .ok_or_else(|| PyValueError::new_err(format!("torch's C shim names no dtype {d:?}")))?,
-            ),
-        };
+        let code = dtype.map(|d| self.named_code(d)).transpose()?;
         Ok(self.empty_like(x.py(), x.as_ptr(), code))
     }
 
