@@ -174,25 +174,14 @@ def _compiled_pieces(spec, args):
     from jitkey.triton import _installed
 
     nargs, steps = spec
-    slots = _Plan(nargs, steps, ("t", tuple(("s", j) for j in range(len(steps)))))(*args)
     items = {}
     for k, (kind, target, srcs, _kw) in enumerate(steps):
         if kind != "compiled":
             continue
         cl, nfast, _fallback = target
-
-        def value(src):
-            tag = src[0]
-            if tag == "c":
-                return src[1]
-            if tag == "a":
-                return args[src[1]] if len(src) == 2 else _item(args[src[1]], src[2])
-            if tag == "s":
-                return slots[src[1]] if len(src) == 2 else slots[src[1]][src[2]]
-            raise ValueError(src)
-
-        vals = [value(src) for src in srcs[:nfast]]
-        grid, params = vals[0], vals[1:]
+        # The step's grid and parameters, resolved as a replay resolves them: a plan of the steps before it
+        # that returns them.
+        grid, *params = _Plan(nargs, steps[:k], ("t", tuple(srcs[:nfast])))(*args)
         ck = cl(grid, *params)
         lp, why = _installed.launch_plan(ck, ck.run, len(ck.src.signature))
         dev = torch.cuda.current_device()
@@ -214,12 +203,6 @@ def _compiled_pieces(spec, args):
     times, _paced = dsl_bench.time_interleaved(items, 15, 200, rotate=True)
     for name, v in times.items():
         print(f"    {name:45s} {sorted(v)[len(v) // 2]:7.3f} us")
-
-
-def _item(obj, path):
-    for i in path:
-        obj = obj[i]
-    return obj
 
 
 def flag_gems() -> None:
