@@ -110,16 +110,14 @@ EXTRA: list[dict[str, Any]] = [
 
 def encode_spec(s: dict[str, Any]) -> bytes:
     t = s["t"]
-    if t == "dtype":
+    named = {"dtype": ref.T_DTYPE, "layout": ref.T_LAYOUT, "memory_format": ref.T_MEMORY_FORMAT}
+    if t in named:  # a short-name leaf: tag, u8 length, ASCII name
         name = s["v"].encode()
-        return bytes([ref.T_DTYPE, len(name)]) + name
+        return bytes([named[t], len(name)]) + name
     if t == "device":
         ty = s["type"].encode()
         idx = -1 if s["index"] is None else s["index"]
         return bytes([ref.T_DEVICE, len(ty)]) + ty + struct.pack("<q", idx)
-    if t in ("layout", "memory_format"):
-        name = s["v"].encode()
-        return bytes([ref.T_LAYOUT if t == "layout" else ref.T_MEMORY_FORMAT, len(name)]) + name
     if t == "object":
         return ref.object_header(s["module"], s["qualname"]) + encode_spec(s["v"])
     return ref.encode(to_python(s))
