@@ -408,25 +408,10 @@ def test_a_launch_grid_function_of_constants_replays_under_tritons_interpreter(t
     Triton's interpreter on CPU: the grid function is a constant of the plan and every replay matches the op's own
     result, for several keys; a grid function capturing a tensor refuses the recording (tests/_dsl_grid_interp.py).
     The recorder's rule itself is tested with the fake runtime in tests/test_triton_cpu.py."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     pytest.importorskip("triton")
-    here = Path(__file__).parent
-    env = {**os.environ, "TRITON_INTERPRET": "1", "TRITON_CACHE_DIR": str(tmp_path / "triton")}
-    env["PYTHONPATH"] = os.pathsep.join([str(here), env.get("PYTHONPATH", "")])
-    p = subprocess.run(
-        [sys.executable, str(here / "_dsl_grid_interp.py")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stderr[-4000:]
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    import _interp_child
+
+    out = _interp_child.run("_dsl_grid_interp.py", 300, TRITON_CACHE_DIR=str(tmp_path / "triton"))
     assert out["bad"] == []
     assert out["fill"] == {"replays": 18, "refused": {}, "fallbacks": {}}  # 3 keys: one recording each
     assert out["steps"] == ["call"]  # the interpreter's run, with the grid function as it was recorded

@@ -4,38 +4,22 @@ scalar, in-place and ``out=`` kernels), the key against what Helion decides on, 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 pytest.importorskip("helion")
 
-HERE = Path(__file__).parent
+import _interp_child
 
 
 def test_helion_under_the_interpreter_matches_helions_own_path(tmp_path):
-    env = {
-        **os.environ,
-        "TRITON_INTERPRET": "1",
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-        "HELION_CACHE_DIR": str(tmp_path / "helion"),
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-    }
-    p = subprocess.run(
-        [sys.executable, str(HERE / "_dsl_helion_cpu.py")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    out = _interp_child.run(
+        "_dsl_helion_cpu.py",
+        900,
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+        HELION_CACHE_DIR=str(tmp_path / "helion"),
     )
-    assert p.returncode == 0, p.stderr[-4000:]
-    out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["mismatches"] == []
     assert out["fallbacks"] == {} and out["refused"] == {}
     assert out["replays"] >= 14  # every case replays from its third call
