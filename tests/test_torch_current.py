@@ -309,11 +309,11 @@ def test_a_compiled_launch_reads_the_stream_through_the_runtimes_shim(shim: Shim
     entry = _TritonEntry(ck, ck.run, ck.function, ck.packed_metadata, None, None, None)
     x = torch.empty(4)
     shim.set(0, 0x7770)
-    with_shim = _CompiledLaunch(entry, Runtime(shim.current), knobs.runtime, HookChain, 0, [])
-    without = _CompiledLaunch(entry, Runtime(None), knobs.runtime, HookChain, 0, [])
+    with_shim = _CompiledLaunch(entry, Runtime(shim.current), knobs, HookChain, None, 0, [])
+    without = _CompiledLaunch(entry, Runtime(None), knobs, HookChain, None, 0, [])
     assert with_shim((2, 1, 1), x, 8) is ck and ck.launches[-1][:4] == (2, 1, 1, 0x7770)
     assert without((2, 1, 1), x, 8) is ck and ck.launches[-1][:4] == (2, 1, 1, 1000)
     shim.lib.standin_fail(3)
     assert with_shim((3, 1, 1), x, 8) is ck and ck.launches[-1][:4] == (3, 1, 1, 1000)
     with pytest.raises(TypeError):
-        _CompiledLaunch(entry, Runtime(object()), knobs.runtime, HookChain, 0, [])  # not a _TorchCurrent
+        _CompiledLaunch(entry, Runtime(object()), knobs, HookChain, None, 0, [])  # not a _TorchCurrent

@@ -342,6 +342,97 @@ def test_expected_outcomes(fake_triton: Any) -> None:
     assert fn_hook[2][2] == (True, "HookChain", "function")
 
 
+# -- a DSL plan's compiled launch (FlagGems' LibEntry launches): the launch hooks ------------------------------
+
+
+def _runtime_replaced(kernel: Any) -> Callable[[], None]:
+    """``triton.knobs.runtime`` assigned a copy that has a hook (only the module assignment is seen)."""
+    old = knobs.runtime
+    new = type(old).__new__(type(old))
+    chain = knobs.HookChain()
+    chain.add(_hook())
+    new.__dict__.update(old.__dict__, launch_enter_hook=chain)
+    knobs.runtime = new
+
+    def undo() -> None:
+        knobs.runtime = old
+
+    return undo
+
+
+HOOK_SCENARIOS = {
+    name: SCENARIOS[name]
+    for name in (
+        "launch_enter_hook.add",
+        "launch_exit_hook.add",
+        "launch_exit_hook.calls.append",
+        "launch_enter_hook.calls = [...]",
+        "knobs.runtime.launch_enter_hook = HookChain",
+        "knobs.runtime.launch_exit_hook = function",
+        "triton's fresh_knobs",
+    )
+} | {"knobs.runtime replaced": _runtime_replaced}
+
+
+def _compiled_launch(watched: bool) -> tuple[Any, Any]:
+    from jitkey._core import _CompiledLaunch, _TritonEntry
+
+    ck = cpu.FakeCK("compiled")
+    entry = _TritonEntry(ck, ck.run, ck.function, ck.packed_metadata, None, None, None)
+    watch = _watch.hook_watch(knobs.runtime) if watched else None
+    assert (watch is type(knobs.runtime)) is watched
+    return _CompiledLaunch(entry, cpu.FakeRuntime(), knobs, knobs.HookChain, watch, 0, []), ck
+
+
+def _run_compiled(scenario: Callable[[Any], Callable[[], None]], watched: bool) -> list[Any]:
+    cl, ck = _compiled_launch(watched)
+    x = torch.empty(64)
+
+    def observe() -> Any:
+        assert cl((1, 1, 1), x, 16) is ck
+        launch = ck.launches[-1]
+        return (launch[6] is not None, _hook_name(launch[7]), _hook_name(launch[8]))
+
+    seen = [observe(), observe()]
+    undo = scenario(None)
+    try:
+        seen += [observe(), observe()]
+    finally:
+        undo()
+    return [*seen, observe(), observe()]
+
+
+@pytest.mark.parametrize("name", list(HOOK_SCENARIOS))
+def test_a_compiled_launch_sees_a_hook_change_as_when_read_per_launch(name: str) -> None:
+    """``_CompiledLaunch`` keeps the hooks it read under the watch; every change Triton's runner would see
+    between two launches is seen by the second, as when they are read per launch."""
+    watched = _run_compiled(HOOK_SCENARIOS[name], watched=True)
+    assert watched == _run_compiled(HOOK_SCENARIOS[name], watched=False), name
+    if name != "triton's fresh_knobs":  # (it changes no hook)
+        assert watched[2] != watched[1] and watched[3] == watched[2], (name, watched)
+    assert watched[0] == watched[1] == watched[4] == watched[5] == (False, None, None), (name, watched)
+
+
+def test_a_compiled_launch_keeps_its_hook_reads_while_the_watch_version_holds() -> None:
+    """What the watch does not see (a write to the knob object's ``__dict__``, documented) shows that the kept
+    read is used; a bump, or a launch with the reads per launch, sees it."""
+    kept, ck = _compiled_launch(watched=True)
+    per_launch, ck2 = _compiled_launch(watched=False)
+    x = torch.empty(64)
+    kept((1, 1, 1), x, 16)
+    knobs.runtime.__dict__["launch_exit_hook"] = _hook()
+    try:
+        kept((1, 1, 1), x, 16)
+        per_launch((1, 1, 1), x, 16)
+        assert ck.launches[-1][8] is None and _hook_name(ck2.launches[-1][8]) == "function"
+        _core._watch_bump()
+        kept((1, 1, 1), x, 16)
+        assert _hook_name(ck.launches[-1][8]) == "function"
+    finally:
+        del knobs.runtime.__dict__["launch_exit_hook"]
+        _core._watch_bump()
+
+
 def test_a_kernels_globals_change_is_detected(fake_triton: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     watched = _run(_globals_changed, fake_triton, glob=True)
     assert watched[2] == ("raised", GlobalsChangedError.__name__, 1)

@@ -551,14 +551,16 @@ class _KernelBase:
 class _CompiledLaunch:
     """Private (:mod:`jitkey.integrations.flag_gems`): one compiled kernel launched as a library launches it
     from its own cache (``ck[grid](*params)``), natively; declined (``None``) when a pointer's 16-byte alignment
-    differs from ``aligned``'s."""
+    differs from ``aligned``'s. ``knobs`` is ``triton.knobs`` (``knobs.runtime``'s launch hooks are read per
+    launch, or kept while the watch version holds when ``watch`` is ``knobs.runtime``'s class)."""
 
     def __new__(
         cls,
         entry: _TritonEntry,
         runtime: Any,
-        knobs_runtime: Any,
+        knobs: Any,
         hook_chain: Any,
+        watch: type | None,
         device: int,
         aligned: list[tuple[int, bool]],
         /,

@@ -106,7 +106,7 @@ def _compiled_launch(ck: Any, device: int) -> Any:
     if per is not None and device in per:
         return per[device]
     from jitkey._core import _TritonEntry
-    from jitkey.triton import _installed
+    from jitkey.triton import _installed, _watch
 
     rt = _installed.get_runtime()
     out = None
@@ -117,7 +117,7 @@ def _compiled_launch(ck: Any, device: int) -> Any:
             plan, _why = _installed.launch_plan(ck, ck.run, nparams)
             entry = _TritonEntry(ck, ck.run, ck.function, ck.packed_metadata, None, None, plan)
             info = _installed.triton_info()
-            out = (entry, rt, info.knobs.runtime, info.HookChain)
+            out = (entry, rt, info.knobs, info.HookChain, _watch.hook_watch(info.knobs.runtime))
         except Exception:  # a kernel jitkey does not understand: LibEntry launches it
             out = None
     _launches.setdefault(ck, {})[device] = out
@@ -183,8 +183,8 @@ def _compiled_step(rec: Any, le: Any, launch: Any, args: Any, kwargs: Any, resul
             template.append(None)
     if rec.problem is not None:
         return
-    entry, rt, knobs_runtime, hook_chain = made
-    cl = _CompiledLaunch(entry, rt, knobs_runtime, hook_chain, device, aligned)
+    entry, rt, knobs, hook_chain, watch = made
+    cl = _CompiledLaunch(entry, rt, knobs, hook_chain, watch, device, aligned)
     fallback = functools.partial(_ask_libentry, le, tuple(template), len(args), tuple(kwargs))
     rec.steps.append(("compiled", (cl, len(fast), fallback), fast + flat, None))
 

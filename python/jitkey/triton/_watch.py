@@ -229,6 +229,19 @@ def kinds(reads: list[tuple[str, str, str]]) -> dict[tuple[type, str], str]:
     return out
 
 
+def hook_watch(runtime: Any) -> type | None:
+    """The class of ``runtime`` (``triton.knobs.runtime``) when the watch covers its ``launch_enter_hook`` and
+    ``launch_exit_hook`` reads (installing the write watches), else None: what a DSL plan's compiled launch
+    (``jitkey._core._CompiledLaunch``) keeps its hook reads under."""
+    if problem() or install():
+        return None
+    cls = type(runtime)
+    k = kinds([])
+    if all(k.get((cls, attr)) == "plain" for attr in ("launch_enter_hook", "launch_exit_hook")):
+        return cls
+    return None
+
+
 def kernel_problem(cls: type) -> str | None:
     """Why attribute writes on kernels of class ``cls`` are not all seen (``None``: they are)."""
     from jitkey.triton._kernel import TritonKernel

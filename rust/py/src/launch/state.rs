@@ -52,6 +52,12 @@ pub(crate) fn _watch_bump() {
 /// `_watch_version() -> int`: the current watch version (tests).
 #[pyfunction]
 fn _watch_version() -> u64 {
+    watch_version()
+}
+
+/// The current watch version: what a kept read is valid at.
+#[inline]
+pub(super) fn watch_version() -> u64 {
     VERSION.load(Ordering::Acquire)
 }
 
@@ -156,6 +162,36 @@ pub(super) struct Hook<O> {
     calls: Option<O>,
 }
 
+impl<'py> Hook<Bound<'py, PyAny>> {
+    /// A launch hook as read from the knobs: for an object of exactly `hook_chain`'s class (Triton's
+    /// `HookChain`), its `calls` too.
+    pub(super) fn read(
+        py: Python<'py>,
+        obj: Bound<'py, PyAny>,
+        hook_chain: Option<&Py<PyAny>>,
+    ) -> PyResult<Self> {
+        let calls = match hook_chain {
+            Some(t) if obj.get_type().is(t.bind(py)) => Some(obj.getattr(intern!(py, "calls"))?),
+            _ => None,
+        };
+        Ok(Hook { obj, calls })
+    }
+
+    pub(super) fn unbind(self) -> Hook<Py<PyAny>> {
+        Hook { obj: self.obj.unbind(), calls: self.calls.map(Bound::unbind) }
+    }
+}
+
+impl Hook<Py<PyAny>> {
+    pub(super) fn visit(&self, visit: &pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        visit.call(&self.obj)?;
+        if let Some(c) = &self.calls {
+            visit.call(c)?;
+        }
+        Ok(())
+    }
+}
+
 impl<O> Hook<O> {
     /// Whether calling the hook does nothing: `None`, or a `HookChain` (the exact class) whose
     /// `calls` is empty. Anything else is a hook.
@@ -195,8 +231,6 @@ pub(super) struct State<O> {
 
 impl<'py> State<Bound<'py, PyAny>> {
     fn unbind(self) -> State<Py<PyAny>> {
-        let hook =
-            |h: Hook<Bound<'py, PyAny>>| Hook { obj: h.obj.unbind(), calls: h.calls.map(Bound::unbind) };
         State {
             version: self.version,
             why: self.why,
@@ -207,8 +241,8 @@ impl<'py> State<Bound<'py, PyAny>> {
             used_global_vals: self.used_global_vals.unbind(),
             key: self.key,
             stages_hook: self.stages_hook,
-            enter: hook(self.enter),
-            exit: hook(self.exit),
+            enter: self.enter.unbind(),
+            exit: self.exit.unbind(),
         }
     }
 }
@@ -387,11 +421,7 @@ impl Launcher {
     }
 
     fn hook<'py>(&self, py: Python<'py>, obj: Bound<'py, PyAny>) -> PyResult<Hook<Bound<'py, PyAny>>> {
-        let calls = match &self.hook_chain {
-            Some(t) if obj.get_type().is(t.bind(py)) => Some(obj.getattr(intern!(py, "calls"))?),
-            _ => None,
-        };
-        Ok(Hook { obj, calls })
+        Hook::read(py, obj, self.hook_chain.as_ref())
     }
 
     /// The name of knob read `i` as `State::why` numbers them.
@@ -448,13 +478,11 @@ impl Launcher {
                 for o in &s.sections {
                     visit.call(o)?;
                 }
-                for o in [&s.pre_run_hooks, &s.device_caches, &s.used_global_vals, &s.enter.obj, &s.exit.obj]
-                {
+                for o in [&s.pre_run_hooks, &s.device_caches, &s.used_global_vals] {
                     visit.call(o)?;
                 }
-                for c in [&s.enter.calls, &s.exit.calls].into_iter().flatten() {
-                    visit.call(c)?;
-                }
+                s.enter.visit(visit)?;
+                s.exit.visit(visit)?;
                 if let Err(reason) = &s.key {
                     visit.call(reason)?;
                 }
