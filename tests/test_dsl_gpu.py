@@ -247,6 +247,41 @@ def test_flag_gems_constructors_called_with_a_layout_replay(gems_on):
     assert stats and all(st["replays"] > 0 for st in stats.values()), stats
 
 
+def test_flag_gems_replays_see_a_launch_hook_added_between_two_calls(gems_on):
+    """A replayed ``LibEntry`` launch keeps its hook reads under the watch: ``HookChain.add`` and a hook assigned
+    between two calls are seen by the second, as Triton's runner sees them; removed, no longer called."""
+    import flag_gems
+    from triton import knobs
+
+    x = torch.randn(4096, device=DEV)
+    for _ in range(3):
+        flag_gems.sum(x)
+    before = gems_on.report()["replays"]
+    seen = []
+
+    def hook(lazy):
+        seen.append(lazy.get()["name"])
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        got = flag_gems.sum(x)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    flag_gems.sum(x)
+    assert [n.split("_")[0] for n in seen] == ["sum", "sum"], seen  # FlagGems' two kernels
+    assert torch.equal(got, _own(flag_gems.sum)(x))
+    exits = []
+    old = knobs.runtime.launch_exit_hook
+    knobs.runtime.launch_exit_hook = lambda lazy: exits.append(lazy.get()["name"])
+    try:
+        flag_gems.sum(x)
+    finally:
+        knobs.runtime.launch_exit_hook = old
+    flag_gems.sum(x)
+    assert len(exits) == 2, exits
+    assert gems_on.report()["replays"] >= before + 4
+
+
 def test_flag_gems_logging_runs_their_own_path(gems_on):
     import logging
 
