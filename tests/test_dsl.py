@@ -130,7 +130,7 @@ GLOBAL_BUF = torch.zeros(4)
         (lambda x: x * 2 if x.requires_grad else x, (torch.randn(4),), "requires_grad"),
         (lambda x: x[x > 0], (torch.randn(4),), "depends on the data"),
         (lambda x: torch.nonzero(x), (torch.randn(4),), "depends on the data"),
-        (lambda x, y: x + y, (GLOBAL_BUF, GLOBAL_BUF), "passed twice"),
+        (lambda x, ys: x + ys[0], (GLOBAL_BUF, (GLOBAL_BUF,)), "passed twice in one call, inside a tuple"),
         (lambda x: x * x.storage_offset(), (torch.randn(4),), "storage_offset"),
         (
             lambda x: x + torch.randn(4, generator=torch.Generator().manual_seed(0)),
@@ -145,6 +145,26 @@ def test_recording_refuses_what_a_replay_cannot_reproduce(host, args, why):
     assert why in reason
     ref = host(*args)
     assert torch.equal(first, ref) if isinstance(ref, torch.Tensor) else first == ref
+
+
+def test_a_tensor_passed_as_two_arguments_replays_and_is_keyed_apart_from_two_tensors():
+    """``op(x, x)``: the key holds which arguments are one object, so the recording takes the first place as the
+    tensor's source; a call with two distinct tensors is keyed apart (its own recording), and a DSL that branches
+    on ``a is b`` gets its own answer in both."""
+
+    def host(a, b):
+        if a is b:
+            return torch.mul(a, 2.0)
+        return torch.add(a, b)
+
+    site = make_site(host, ["a", "b"])
+    x, y = torch.randn(8), torch.randn(8)
+    for _ in range(3):
+        assert torch.equal(site.call(x, x), x * 2.0)
+        assert torch.equal(site.call(x, y), x + y)
+        assert torch.equal(site.call(y, y), y * 2.0)
+    st = site.stats()
+    assert st["replays"] == 7 and st["bound_calls"] == 0 and st["plans"] == 2, st
 
 
 def test_derived_metadata_of_made_tensors_is_folded():

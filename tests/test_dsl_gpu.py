@@ -213,6 +213,28 @@ def test_flag_gems_ops_match_their_own_path(gems_on):
     assert rep["fallbacks"] == 0, rep["fallback_reasons"]
 
 
+def test_flag_gems_ops_of_one_tensor_passed_twice_replay(gems_on):
+    """``add(x, x)``, ``mul(x, x)``, ``add_(z, z)``: the key holds that both arguments are one tensor, so these are
+    recorded and replayed (they ran FlagGems' own Python on every call before), bit-equal to FlagGems' path."""
+    import flag_gems
+
+    from jitkey import dsl
+
+    x = torch.randn(300, 255, device=DEV)
+    for op in (flag_gems.add, flag_gems.mul, flag_gems.sub):
+        for _ in range(3):
+            assert _same(op(x, x), _own(op)(x, x)), op.__name__
+    z, z2 = x.clone(), x.clone()
+    for _ in range(3):
+        flag_gems.add_(z, z)
+        _own(flag_gems.add_)(z2, z2)
+        assert _same(z, z2)
+    names = {"flag_gems:add", "flag_gems:mul", "flag_gems:sub", "flag_gems:add_"}
+    stats = {s.name: s.stats() for s in dsl.sites() if s.name in names}
+    assert set(stats) == names and all(st["replays"] > 0 for st in stats.values()), stats
+    assert not any("twice" in r for st in stats.values() for r in st["refused"]), stats
+
+
 def test_flag_gems_under_use_gems_routes_aten_calls(gems_on):
     import flag_gems
 

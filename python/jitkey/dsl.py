@@ -23,7 +23,8 @@ reason is counted): reading an argument's metadata the key does not hold (``requ
 operations whose output shape depends on data (``nonzero``, ``unique``, boolean masks), a tensor the call did
 not receive or make (a global buffer), an argument object it cannot replay, a launch grid function that captures
 anything but constants (one that captures only constants is replayed as it is and called by each launch), a launch
-on another device or stream than the call's, a tensor passed twice, and any Triton launch it could not
+on another device or stream than the call's, a tensor passed twice inside tuples or lists (one passed as two
+arguments is replayed: the key holds which arguments are one object), and any Triton launch it could not
 capture (every launch during a recording is also watched through Triton's ``launch_enter_hook``; one made
 outside a jitkey kernel refuses the plan). The contract for the DSL's bound call: its GPU work goes through
 torch functions and Triton launches, and its Python reads only what the key holds; a DSL whose per-call path
@@ -195,8 +196,14 @@ class _Recorder:
     # -- sources ---------------------------------------------------------------------------------
     def _input(self, a: Any, i: int, path: tuple[int, ...]) -> None:
         if isinstance(a, self.torch.Tensor):
-            if id(a) in self.refs:
-                self.refuse("a tensor is passed twice in one call")
+            seen = self.refs.get(id(a))
+            if seen is not None:
+                # The key holds which top-level arguments are one object, so every call replayed under it passes
+                # this tensor in both places (the first is its source); a repeat inside a tuple or list it does
+                # not hold.
+                if path or len(seen[0]) != 2:
+                    self.refuse("a tensor is passed twice in one call, inside a tuple or list")
+                return
             src = ("a", i, path) if path else ("a", i)
             self.refs[id(a)] = (src, a)
             self.inputs.add(id(a))
