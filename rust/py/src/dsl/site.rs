@@ -495,14 +495,7 @@ impl Site {
             .map_err(|m| crate::errors::ArgumentError::new_err(format!("arguments do not bind: {m}")))?;
         with_encoder(|enc| match self.encode(py, slots.get(), enc) {
             Ok(()) => Ok(pyo3::types::PyBytes::new(py, enc.as_bytes())),
-            Err(Leave::Raise(e)) => Err(e),
-            Err(Leave::Fallback(r)) => {
-                let r = r.bind(py);
-                Err(match r.cast::<pyo3::exceptions::PyBaseException>() {
-                    Ok(exc) => PyErr::from_value(exc.clone().into_any()),
-                    Err(_) => crate::errors::ArgumentError::new_err(r.to_string()),
-                })
-            }
+            Err(leave) => Err(leave.into_key_error(py)),
         })
     }
 
