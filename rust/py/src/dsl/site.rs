@@ -285,7 +285,7 @@ impl Site {
                     };
                     (fast_hash_state().hash(&key), key)
                 } else {
-                    return call_args(py, &v, full);
+                    return super::plan::call(py, &v, full, None, &[]);
                 }
             }
             Ok(Err(miss)) => miss,
@@ -296,27 +296,6 @@ impl Site {
             self.cache.get().insert_encoded(h, &key, value.unbind());
         }
         Ok(ret)
-    }
-}
-
-/// `f(*args)` with the argument tuple filled in place.
-fn call_args<'py>(
-    py: Python<'py>,
-    f: &Bound<'py, PyAny>,
-    args: &[*mut ffi::PyObject],
-) -> PyResult<Bound<'py, PyAny>> {
-    // SAFETY: a new tuple filled once per slot with new references to live objects.
-    unsafe {
-        let t = ffi::PyTuple_New(args.len() as ffi::Py_ssize_t);
-        if t.is_null() {
-            return Err(PyErr::fetch(py));
-        }
-        let t = Bound::from_owned_ptr(py, t);
-        for (i, &p) in args.iter().enumerate() {
-            ffi::Py_INCREF(p);
-            crate::cpython::tuple_fill(t.as_ptr(), i as ffi::Py_ssize_t, p);
-        }
-        Bound::from_owned_ptr_or_err(py, ffi::PyObject_Call(f.as_ptr(), t.as_ptr(), null_mut()))
     }
 }
 
