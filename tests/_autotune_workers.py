@@ -7,6 +7,8 @@ The *simulated GPU* replaces only what needs a GPU: the launch (``launcher=``) a
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,16 +18,10 @@ import triton.language as tl
 import jitkey
 import jitkey.triton as jt
 
-
-@jt.jit
-def scale_add(x_ptr, y_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask)
-    y = tl.load(y_ptr + offs, mask=mask)
-    tl.store(out_ptr + offs, x * alpha + y, mask=mask)
-
+# The kernel is the one examples/shared_autotune.py tunes: what the example shows is what these tests tune (the
+# example stays a script a user can copy, so the tests take it from there).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from shared_autotune import scale_add
 
 CONFIGS = [
     triton.Config({"BLOCK": 128}, num_warps=4),

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import inspect
 import json
 import multiprocessing
 import sys
-import textwrap
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -475,23 +475,11 @@ def test_compile_env_var_change_misses(index: jitkey.DiskIndex, monkeypatch: pyt
     _assert_retunes_after(index, lambda: monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0"))
 
 
-def _load_kernel_module(tmp_path: Path, tag: str, body: str) -> Any:
-    src = textwrap.dedent(
-        f"""
-        import triton
-        import triton.language as tl
-        import jitkey.triton as jt
-
-        @jt.jit
-        def scale_add(x_ptr, y_ptr, out_ptr, n, alpha, BLOCK: tl.constexpr):
-            pid = tl.program_id(0)
-            offs = pid * BLOCK + tl.arange(0, BLOCK)
-            mask = offs < n
-            x = tl.load(x_ptr + offs, mask=mask)
-            y = tl.load(y_ptr + offs, mask=mask)
-            {body}
-        """
-    )
+def _load_kernel_module(tmp_path: Path, tag: str, edit: tuple[str, str] = ("", "")) -> Any:
+    """``w.scale_add`` from a module of its own under ``tmp_path/tag``, its source edited by ``str.replace(*edit)``."""
+    kernel = inspect.getsource(w.scale_add.fn)
+    assert edit[0] in kernel
+    src = "import triton.language as tl\nimport jitkey.triton as jt\n\n" + kernel.replace(*edit)
     path = tmp_path / tag / "atk_kernels.py"
     path.parent.mkdir()
     path.write_text(src)
@@ -507,9 +495,9 @@ def _load_kernel_module(tmp_path: Path, tag: str, body: str) -> Any:
 
 
 def test_kernel_source_change_misses(index: jitkey.DiskIndex, tmp_path: Path) -> None:
-    v1 = _load_kernel_module(tmp_path, "a", "tl.store(out_ptr + offs, x * alpha + y, mask=mask)")
-    v1_copy = _load_kernel_module(tmp_path, "b", "tl.store(out_ptr + offs, x * alpha + y, mask=mask)")
-    v2 = _load_kernel_module(tmp_path, "c", "tl.store(out_ptr + offs, x * alpha - y, mask=mask)")
+    v1 = _load_kernel_module(tmp_path, "a")
+    v1_copy = _load_kernel_module(tmp_path, "b")
+    v2 = _load_kernel_module(tmp_path, "c", ("x * alpha + y", "x * alpha - y"))
     _tune(index, kernel=v1)
     _, gpu, _ = _tune(index, kernel=v1_copy)  # same source in another file: same key
     assert gpu.bench_calls == 0

@@ -47,7 +47,7 @@ import threading
 import types
 import weakref
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from jitkey import _deps, _torch_current, _torch_modes, rules
@@ -844,52 +844,58 @@ def sites() -> list[Site]:
         return list(_registry)
 
 
+#: The counters of :meth:`Site.stats` a report sums.
+_COUNTERS = ("calls", "replays", "bound_calls", "misses", "warmups", "fallbacks", "stale", "plans")
+
+
 def report(top: int = 10, *, where: Callable[[Site], bool] | None = None) -> dict[str, Any]:
     """What every site of this process (those ``where`` selects) did: totals (as :meth:`Site.stats`),
     ``fast_path`` (replays + bound calls over the warm calls: replays + bound calls + fallbacks),
     ``replay_share`` (replays over the warm calls), and the ``busiest`` sites."""
     per = [(s.name, s.stats()) for s in sites() if where is None or where(s)]
-    keys = ("calls", "replays", "bound_calls", "misses", "warmups", "fallbacks", "stale", "plans")
-    out: dict[str, Any] = {k: sum(st[k] for _, st in per) for k in keys}
+    out: dict[str, Any] = {k: sum(st[k] for _, st in per) for k in _COUNTERS}
     out["sites"] = len(per)
     reasons: Counter[str] = Counter()
     refused: Counter[str] = Counter()
     for _, st in per:
         reasons.update(st["fallback_reasons"])
         refused.update(st["refused"])
-    out["fallback_reasons"] = dict(reasons.most_common())
-    out["refused"] = dict(refused.most_common())
-    out["declined"] = dict(declined.most_common())
-    warm = out["replays"] + out["bound_calls"] + out["fallbacks"]
-    out["fast_path"] = (out["replays"] + out["bound_calls"]) / warm if warm else None
-    out["replay_share"] = out["replays"] / warm if warm else None
-    ranked = sorted(per, key=lambda kv: -kv[1]["calls"])[:top]
-    out["busiest"] = [{"site": n, **{k: st[k] for k in keys}} for n, st in ranked]
-    return out
-
-
-_SUMMED = ("calls", "replays", "bound_calls", "misses", "warmups", "fallbacks", "stale", "plans", "sites")
+    busiest = [(n, {k: st[k] for k in _COUNTERS}) for n, st in per]
+    return _completed(out, reasons, refused, declined, busiest, top)
 
 
 def merge_reports(reports: Sequence[dict[str, Any]], top: int = 10) -> dict[str, Any]:
     """Sum :func:`report` results (of several processes) into one."""
-    out: dict[str, Any] = {k: sum(r.get(k, 0) for r in reports) for k in _SUMMED}
+    out: dict[str, Any] = {k: sum(r.get(k, 0) for r in reports) for k in (*_COUNTERS, "sites")}
     reasons: Counter[str] = Counter()
     refused: Counter[str] = Counter()
-    declined_: Counter[str] = Counter()
+    declines: Counter[str] = Counter()
     busiest: dict[str, Counter[str]] = {}
     for r in reports:
         reasons.update(r.get("fallback_reasons", {}))
         refused.update(r.get("refused", {}))
-        declined_.update(r.get("declined", {}))
+        declines.update(r.get("declined", {}))
         for b in r.get("busiest", []):
             busiest.setdefault(b["site"], Counter()).update({k: v for k, v in b.items() if k != "site"})
+    return _completed(out, reasons, refused, declines, list(busiest.items()), top)
+
+
+def _completed(
+    out: dict[str, Any],
+    reasons: Counter[str],
+    refused: Counter[str],
+    declines: Counter[str],
+    busiest: Sequence[tuple[str, Mapping[str, int]]],
+    top: int,
+) -> dict[str, Any]:
+    """A report from its summed counters (``out``): the reasons, most common first, the shares of the warm
+    calls, and the ``top`` sites of ``busiest`` (site name, counters) by calls."""
     out["fallback_reasons"] = dict(reasons.most_common())
     out["refused"] = dict(refused.most_common())
-    out["declined"] = dict(declined_.most_common())
+    out["declined"] = dict(declines.most_common())
     warm = out["replays"] + out["bound_calls"] + out["fallbacks"]
     out["fast_path"] = (out["replays"] + out["bound_calls"]) / warm if warm else None
     out["replay_share"] = out["replays"] / warm if warm else None
-    ranked = sorted(busiest.items(), key=lambda kv: -kv[1]["calls"])[:top]
-    out["busiest"] = [{"site": n, **dict(c)} for n, c in ranked]
+    ranked = sorted(busiest, key=lambda kv: -kv[1]["calls"])[:top]
+    out["busiest"] = [{"site": n, **counts} for n, counts in ranked]
     return out

@@ -51,6 +51,17 @@ def check_version(library: str, dist: str, supported: tuple[str, ...]) -> str:
     return v
 
 
+def adapter_report(dsl_name: str) -> dict[str, Any]:
+    """:func:`jitkey.dsl.report` of one adapter: its sites (named ``"<dsl_name>:..."``) and, under ``declined``,
+    the entry points it left to its DSL (:func:`jitkey.dsl.decline` with ``dsl_name``). Each adapter's
+    ``report()``."""
+    from jitkey import dsl
+
+    out = dsl.report(where=lambda s: s.name.startswith(f"{dsl_name}:"))
+    out["declined"] = {k: n for k, n in out["declined"].items() if k.startswith(f"{dsl_name}: ")}
+    return out
+
+
 def status() -> dict[str, dict[str, Any]]:
     """name → ``{"library": version or None, "supported": versions, "installed": bool, "why": str or None}``.
     Imports no DSL."""

@@ -32,7 +32,7 @@ import weakref
 from typing import Any
 
 from jitkey import dsl
-from jitkey.integrations import check_version
+from jitkey.integrations import adapter_report, check_version
 
 LIBRARY = "flag_gems"
 SUPPORTED = ("5.0.0",)
@@ -351,6 +351,4 @@ def installed() -> bool:
 
 def report() -> dict[str, Any]:
     """The DSL report (:func:`jitkey.dsl.report`) of FlagGems' sites (``declined``: ops left to FlagGems)."""
-    out = dsl.report(where=lambda s: s.name.startswith("flag_gems:"))
-    out["declined"] = {k: n for k, n in out["declined"].items() if k.startswith("flag_gems: ")}
-    return out
+    return adapter_report("flag_gems")

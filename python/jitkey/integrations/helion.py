@@ -31,7 +31,7 @@ from typing import Any
 
 from jitkey import dsl
 from jitkey._core import _SiteMethod
-from jitkey.integrations import check_version
+from jitkey.integrations import adapter_report, check_version
 
 LIBRARY = "helion"
 SUPPORTED = ("1.4.0",)
@@ -249,6 +249,4 @@ def installed() -> bool:
 
 def report() -> dict[str, Any]:
     """The DSL report (:func:`jitkey.dsl.report`) of Helion's sites (``declined``: kernels left to Helion)."""
-    out = dsl.report(where=lambda s: s.name.startswith("helion:"))
-    out["declined"] = {k: n for k, n in out["declined"].items() if k.startswith("helion: ")}
-    return out
+    return adapter_report("helion")

@@ -61,6 +61,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import triton
@@ -217,31 +218,41 @@ def _bench_errors() -> tuple[type[BaseException], ...]:
     return tuple(out)
 
 
+_Launcher = Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class _Options:
+    """The arguments of one :func:`autotune` call, as given (their defaults and meaning are stated there).
+
+    :class:`PersistentAutotuner` checks them against each kernel the call decorates, so every error is raised
+    at decoration, as before.
+    """
+
+    configs: Sequence[Any]
+    key: Iterable[str]
+    prune_configs_by: Mapping[str, Any] | None
+    reset_to_zero: Iterable[str] | None
+    restore_value: Iterable[str] | None
+    pre_hook: Callable[..., Any] | None
+    post_hook: Callable[..., Any] | None
+    warmup: int | None
+    rep: int | None
+    use_cuda_graph: bool
+    do_bench: Callable[..., Any] | None
+    index: Index | str | os.PathLike[str] | bool | None
+    launcher: _Launcher | None
+    capacity: int
+
+
 class PersistentAutotuner:
     """``triton.autotune``'s Autotuner with an in-memory and an on-disk cache of the winning config.
 
-    Made by :func:`autotune`; see the module docstring for keys and stored values.
+    Made by :func:`autotune` (one per decorated kernel, from that call's :class:`_Options`); see the module
+    docstring for keys and stored values.
     """
 
-    def __init__(
-        self,
-        fn: Any,
-        configs: Sequence[Any],
-        key: Iterable[str],
-        *,
-        index: Index | str | os.PathLike[str] | bool | None = None,
-        prune_configs_by: Mapping[str, Any] | None = None,
-        reset_to_zero: Iterable[str] | None = None,
-        restore_value: Iterable[str] | None = None,
-        pre_hook: Callable[..., Any] | None = None,
-        post_hook: Callable[..., Any] | None = None,
-        warmup: int | None = None,
-        rep: int | None = None,
-        use_cuda_graph: bool = False,
-        do_bench: Callable[..., Any] | None = None,
-        launcher: Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any] | None = None,
-        capacity: int = 1024,
-    ) -> None:
+    def __init__(self, fn: Any, options: _Options) -> None:
         if isinstance(fn, JITFunction):
             fn = bind(fn)
         self._kernel_tree = _kernel_key(fn)  # validates the kind of fn, keys its content
@@ -258,9 +269,9 @@ class PersistentAutotuner:
         self._tensor_t: type = torch.Tensor
         self._dtype_t: type = torch.dtype
 
-        if isinstance(key, str):
+        if isinstance(options.key, str):
             raise TypeError("key= takes a list of argument names, not a single str")
-        self.keys: list[str] = list(key)
+        self.keys: list[str] = list(options.key)
         for k in self.keys:
             if k not in self._pos:
                 raise ValueError(
@@ -268,7 +279,11 @@ class PersistentAutotuner:
                 )
         self._key_pos = [(k, self._pos[k]) for k in self.keys]
 
-        configs = list(configs) if configs else [triton.Config({}, num_warps=4, num_stages=3, num_ctas=1)]
+        configs = (
+            list(options.configs)
+            if options.configs
+            else [triton.Config({}, num_warps=4, num_stages=3, num_ctas=1)]
+        )
         self.configs: list[Any] = configs
         self._config_trees = [_config_tree(c, i) for i, c in enumerate(configs)]
         self._config_digests = [_config_digest(t) for t in self._config_trees]
@@ -279,7 +294,7 @@ class PersistentAutotuner:
                     f"configs[{i}] sets {sorted(bad)}, which are not parameters of {self.base_name}"
                 )
 
-        prune = dict(prune_configs_by or {})
+        prune = dict(options.prune_configs_by or {})
         unknown = set(prune) - {"perf_model", "top_k", "early_config_prune"}
         if unknown:
             raise ValueError(f"unknown prune_configs_by field(s): {sorted(unknown)}")
@@ -306,22 +321,25 @@ class PersistentAutotuner:
         )
 
         # Benchmark-time hooks (Triton's semantics).
-        self.reset_to_zero = list(reset_to_zero or [])
-        self.restore_value = list(restore_value or [])
+        self.reset_to_zero = list(options.reset_to_zero or [])
+        self.restore_value = list(options.restore_value or [])
         for name in self.reset_to_zero + self.restore_value:
             if name not in self._pos:
                 raise ValueError(f"reset_to_zero/restore_value name {name!r} is not a parameter")
         self._restore_copies: dict[str, Any] = {}
-        self.pre_hook: Callable[..., Any] = pre_hook or self._default_pre_hook
-        self.post_hook: Callable[..., Any] = post_hook or self._default_post_hook
+        self.pre_hook: Callable[..., Any] = options.pre_hook or self._default_pre_hook
+        self.post_hook: Callable[..., Any] = options.post_hook or self._default_post_hook
 
-        if do_bench is not None and (warmup is not None or rep is not None or use_cuda_graph):
+        if options.do_bench is not None and (
+            options.warmup is not None or options.rep is not None or options.use_cuda_graph
+        ):
             raise ValueError("pass either do_bench= or warmup=/rep=/use_cuda_graph=, not both")
-        self._do_bench_arg = do_bench
-        self._warmup, self._rep, self._use_cuda_graph = warmup, rep, use_cuda_graph
+        self._do_bench_arg = options.do_bench
+        self._warmup, self._rep, self._use_cuda_graph = options.warmup, options.rep, options.use_cuda_graph
         self._bench_fn: Callable[..., Any] | None = None
-        self._launcher = launcher or _default_launcher
+        self._launcher = options.launcher or _default_launcher
 
+        index = options.index
         if index is None or index is True:
             self._index: Index | None = (
                 default_index()
@@ -338,7 +356,7 @@ class PersistentAutotuner:
                 f"True/None or False, not {index!r}"
             )
 
-        self._mem = LruCache(capacity)
+        self._mem = LruCache(options.capacity)
         self._env: dict[int, bytes] = {}
         self._lock = threading.Lock()
         self._key = self._make_fast_key()
@@ -730,7 +748,7 @@ def autotune(
     cache_results: bool | None = None,
     *,
     index: Index | str | os.PathLike[str] | bool | None = None,
-    launcher: Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any] | None = None,
+    launcher: _Launcher | None = None,
     capacity: int = 1024,
 ) -> Callable[[Any], PersistentAutotuner]:
     """``triton.autotune`` whose winning configs persist in a :class:`jitkey.DiskIndex` (module docstring).
@@ -753,23 +771,24 @@ def autotune(
             "supported (use index= to pick the directory, or index=False for in-memory only)"
         )
 
+    options = _Options(
+        configs=configs,
+        key=key,
+        prune_configs_by=prune_configs_by,
+        reset_to_zero=reset_to_zero,
+        restore_value=restore_value,
+        pre_hook=pre_hook,
+        post_hook=post_hook,
+        warmup=warmup,
+        rep=rep,
+        use_cuda_graph=use_cuda_graph,
+        do_bench=do_bench,
+        index=index,
+        launcher=launcher,
+        capacity=capacity,
+    )
+
     def decorator(fn: Any) -> PersistentAutotuner:
-        return PersistentAutotuner(
-            fn,
-            configs,
-            key,
-            index=index,
-            prune_configs_by=prune_configs_by,
-            reset_to_zero=reset_to_zero,
-            restore_value=restore_value,
-            pre_hook=pre_hook,
-            post_hook=post_hook,
-            warmup=warmup,
-            rep=rep,
-            use_cuda_graph=use_cuda_graph,
-            do_bench=do_bench,
-            launcher=launcher,
-            capacity=capacity,
-        )
+        return PersistentAutotuner(fn, options)
 
     return decorator

@@ -202,6 +202,17 @@ fn lru_misses(trace: &[u32], cap: usize) -> f64 {
     misses as f64 / trace.len() as f64
 }
 
+/// One row of the miss-ratio table: exact LRU, SIEVE, SIEVE over 8 shards, at capacity `cap`.
+fn miss_row(label: &str, trace: &[u32], cap: usize) {
+    println!(
+        "{:<28} {:>10.4} {:>10.4} {:>14.4}",
+        label,
+        lru_misses(trace, cap),
+        sieve_misses(trace, cap, 1),
+        sieve_misses(trace, cap, 8)
+    );
+}
+
 /// Miss ratio of this crate's cache (SIEVE; one shard so it is a single policy instance).
 fn sieve_misses(trace: &[u32], cap: usize, shards: usize) -> f64 {
     let s = FastHashState::new();
@@ -304,13 +315,7 @@ fn main() {
     for alpha in [0.8, 1.0, 1.2] {
         let trace = zipf_trace(10_000, alpha, len, 42);
         for cap in [100usize, 1000] {
-            println!(
-                "{:<28} {:>10.4} {:>10.4} {:>14.4}",
-                format!("zipf {alpha}, cap {cap}"),
-                lru_misses(&trace, cap),
-                sieve_misses(&trace, cap, 1),
-                sieve_misses(&trace, cap, 8)
-            );
+            miss_row(&format!("zipf {alpha}, cap {cap}"), &trace, cap);
         }
     }
     // A hot working set interleaved with one-off keys (a sweep over shapes): 1 in 4 requests is new.
@@ -323,12 +328,6 @@ fn main() {
         }
     }
     for cap in [100usize, 400] {
-        println!(
-            "{:<28} {:>10.4} {:>10.4} {:>14.4}",
-            format!("hot 500 + scan, cap {cap}"),
-            lru_misses(&trace, cap),
-            sieve_misses(&trace, cap, 1),
-            sieve_misses(&trace, cap, 8)
-        );
+        miss_row(&format!("hot 500 + scan, cap {cap}"), &trace, cap);
     }
 }

@@ -23,6 +23,7 @@ mod cuda;
 mod disk;
 mod dsl;
 mod errors;
+mod fastcall;
 mod keys;
 mod launch;
 mod lru;

@@ -284,8 +284,8 @@ impl Plan {
     }
 }
 
-/// `f(*pos, **dict(zip(kwnames, kw)))`.
-fn call<'py>(
+/// `f(*pos, **dict(zip(kwnames, kw)))` (`f(*pos)` without `kwnames`), the argument tuple filled in place.
+pub(super) fn call<'py>(
     py: Python<'py>,
     f: &Bound<'py, PyAny>,
     pos: &[*mut ffi::PyObject],

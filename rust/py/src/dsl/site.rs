@@ -20,6 +20,7 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 
 use super::plan::Plan;
 use crate::cpython::tuple_item;
+use crate::fastcall::{self, c_body, MethodDef};
 use crate::keys::{encode_into, fast_hash_state, with_encoder};
 use crate::launch::Leave;
 use crate::lru::PyLruCache;
@@ -284,7 +285,7 @@ impl Site {
                     };
                     (fast_hash_state().hash(&key), key)
                 } else {
-                    return call_args(py, &v, full);
+                    return super::plan::call(py, &v, full, None, &[]);
                 }
             }
             Ok(Err(miss)) => miss,
@@ -298,44 +299,14 @@ impl Site {
     }
 }
 
-/// `f(*args)` with the argument tuple filled in place.
-fn call_args<'py>(
-    py: Python<'py>,
-    f: &Bound<'py, PyAny>,
-    args: &[*mut ffi::PyObject],
-) -> PyResult<Bound<'py, PyAny>> {
-    // SAFETY: a new tuple filled once per slot with new references to live objects.
-    unsafe {
-        let t = ffi::PyTuple_New(args.len() as ffi::Py_ssize_t);
-        if t.is_null() {
-            return Err(PyErr::fetch(py));
-        }
-        let t = Bound::from_owned_ptr(py, t);
-        for (i, &p) in args.iter().enumerate() {
-            ffi::Py_INCREF(p);
-            crate::cpython::tuple_fill(t.as_ptr(), i as ffi::Py_ssize_t, p);
-        }
-        Bound::from_owned_ptr_or_err(py, ffi::PyObject_Call(f.as_ptr(), t.as_ptr(), null_mut()))
-    }
-}
-
-struct Def(*mut ffi::PyMethodDef);
-// SAFETY: written once, then only read (by CPython).
-unsafe impl Send for Def {}
-// SAFETY: as for Send.
-unsafe impl Sync for Def {}
-
 fn call_def() -> *mut ffi::PyMethodDef {
-    static DEF: std::sync::OnceLock<Def> = std::sync::OnceLock::new();
-    DEF.get_or_init(|| {
-        Def(Box::into_raw(Box::new(ffi::PyMethodDef {
-            ml_name: c"call".as_ptr(),
-            ml_meth: ffi::PyMethodDefPointer { PyCFunctionFastWithKeywords: call_fastcall },
-            ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
-            ml_doc: c"call(*args, **kwargs): the DSL call through jitkey (jitkey.dsl)".as_ptr(),
-        })))
-    })
-    .0
+    static DEF: OnceLock<MethodDef> = OnceLock::new();
+    MethodDef::get(
+        &DEF,
+        c"call",
+        call_fastcall,
+        c"call(*args, **kwargs): the DSL call through jitkey (jitkey.dsl)",
+    )
 }
 
 /// `site.call(*args, **kwargs)`: `slf` is the site.
@@ -348,36 +319,15 @@ unsafe extern "C" fn call_fastcall(
     // SAFETY: CPython calls this as a METH_FASTCALL function made by `Site::call`, attached, with
     // nargs + len(kwnames) live argument pointers; `slf` is the site.
     let py = unsafe { Python::assume_attached() };
-    let body = || -> PyResult<*mut ffi::PyObject> {
+    c_body(py, "jitkey.dsl: a site panicked", || {
         let nargs = nargs as usize;
-        let nkw = if kwnames.is_null() {
-            0
-        } else {
-            // SAFETY: a non-null kwnames is a tuple.
-            (unsafe { ffi::PyTuple_Size(kwnames) }) as usize
-        };
-        let all: &[*mut ffi::PyObject] = if nargs + nkw == 0 {
-            &[]
-        } else {
-            // SAFETY: `args` holds nargs + len(kwnames) live pointers (the vectorcall protocol).
-            unsafe { std::slice::from_raw_parts(args, nargs + nkw) }
-        };
+        // SAFETY: see above.
+        let all = unsafe { fastcall::args(args, nargs, kwnames) };
         // SAFETY: slf is a live `_Site`.
         let site = unsafe { Borrowed::from_ptr(py, slf).cast_unchecked::<Site>() };
-        let kw = (nkw > 0).then(|| (&all[nargs..], kwnames));
+        let kw = (all.len() > nargs).then(|| (&all[nargs..], kwnames));
         site.get().run(py, Some(site.as_any()), &all[..nargs], kw).map(Bound::into_ptr)
-    };
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
-        Ok(Ok(v)) => v,
-        Ok(Err(e)) => {
-            e.restore(py);
-            null_mut()
-        }
-        Err(_) => {
-            pyo3::panic::PanicException::new_err("jitkey.dsl: a site panicked").restore(py);
-            null_mut()
-        }
-    }
+    })
 }
 
 #[pymethods]
@@ -495,14 +445,7 @@ impl Site {
             .map_err(|m| crate::errors::ArgumentError::new_err(format!("arguments do not bind: {m}")))?;
         with_encoder(|enc| match self.encode(py, slots.get(), enc) {
             Ok(()) => Ok(pyo3::types::PyBytes::new(py, enc.as_bytes())),
-            Err(Leave::Raise(e)) => Err(e),
-            Err(Leave::Fallback(r)) => {
-                let r = r.bind(py);
-                Err(match r.cast::<pyo3::exceptions::PyBaseException>() {
-                    Ok(exc) => PyErr::from_value(exc.clone().into_any()),
-                    Err(_) => crate::errors::ArgumentError::new_err(r.to_string()),
-                })
-            }
+            Err(leave) => Err(leave.into_key_error(py)),
         })
     }
 

@@ -68,6 +68,24 @@ impl From<PyErr> for Leave {
     }
 }
 
+impl Leave {
+    /// What `key()` raises where the call itself would leave the fast path: the fallback's
+    /// exception as it is, else an `ArgumentError` with its reason.
+    #[cold]
+    pub(crate) fn into_key_error(self, py: Python<'_>) -> PyErr {
+        match self {
+            Leave::Raise(e) => e,
+            Leave::Fallback(reason) => {
+                let r = reason.bind(py);
+                match r.cast::<pyo3::exceptions::PyBaseException>() {
+                    Ok(exc) => PyErr::from_value(exc.clone().into_any()),
+                    Err(_) => ArgumentError::new_err(r.to_string()),
+                }
+            }
+        }
+    }
+}
+
 enum Probe<'py> {
     Hit(Bound<'py, PyAny>),
     Miss(u64, Vec<u8>),
@@ -461,14 +479,7 @@ impl Launcher {
         };
         with_encoder(|enc| match encoded(enc) {
             Ok(()) => Ok(pyo3::types::PyBytes::new(py, enc.as_bytes())),
-            Err(Leave::Raise(e)) => Err(e),
-            Err(Leave::Fallback(reason)) => {
-                let r = reason.bind(py);
-                Err(match r.cast::<pyo3::exceptions::PyBaseException>() {
-                    Ok(exc) => PyErr::from_value(exc.clone().into_any()),
-                    Err(_) => ArgumentError::new_err(r.to_string()),
-                })
-            }
+            Err(leave) => Err(leave.into_key_error(py)),
         })
     }
 

@@ -3,6 +3,7 @@
 //! METH_FASTCALL builtins, so neither the subscript nor the call builds an argument tuple or dict.
 
 use std::ptr::null_mut;
+use std::sync::OnceLock;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
@@ -13,70 +14,23 @@ use pyo3::types::{PyDict, PyInt, PyTuple};
 
 use super::{Call, Launcher};
 use crate::cpython::tuple_item;
-
-struct Def(*mut ffi::PyMethodDef);
-// SAFETY: a definition is written once, then only read (by CPython).
-unsafe impl Send for Def {}
-// SAFETY: as for Send: never written after it is made.
-unsafe impl Sync for Def {}
-
-fn method_def(
-    name: &'static std::ffi::CStr,
-    f: ffi::PyCFunctionFastWithKeywords,
-    doc: &'static std::ffi::CStr,
-) -> Def {
-    Def(Box::into_raw(Box::new(ffi::PyMethodDef {
-        ml_name: name.as_ptr(),
-        ml_meth: ffi::PyMethodDefPointer { PyCFunctionFastWithKeywords: f },
-        ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
-        ml_doc: doc.as_ptr(),
-    })))
-}
+use crate::fastcall::{self, c_body, MethodDef};
 
 /// `launch(grid, /, *args, **kwargs)`, bound to a launcher.
 pub(super) fn launch_def() -> *mut ffi::PyMethodDef {
-    static DEF: std::sync::OnceLock<Def> = std::sync::OnceLock::new();
-    DEF.get_or_init(|| {
-        method_def(
-            c"launch",
-            launch_fastcall,
-            c"launch(grid, /, *args, **kwargs): kernel[grid](*args, **kwargs)",
-        )
-    })
-    .0
+    static DEF: OnceLock<MethodDef> = OnceLock::new();
+    MethodDef::get(
+        &DEF,
+        c"launch",
+        launch_fastcall,
+        c"launch(grid, /, *args, **kwargs): kernel[grid](*args, **kwargs)",
+    )
 }
 
 /// `kernel[grid]`: `(*args, **kwargs)`, bound to a `(launcher, grid)` tuple.
 fn bound_def() -> *mut ffi::PyMethodDef {
-    static DEF: std::sync::OnceLock<Def> = std::sync::OnceLock::new();
-    DEF.get_or_init(|| {
-        method_def(c"launch", bound_fastcall, c"kernel[grid](*args, **kwargs) (jitkey.triton)")
-    })
-    .0
-}
-
-/// Runs `f` as the body of a C function: panics become `PanicException`, errors are restored.
-fn c_body(py: Python<'_>, f: impl FnOnce() -> PyResult<*mut ffi::PyObject>) -> *mut ffi::PyObject {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(Ok(v)) => v,
-        Ok(Err(e)) => {
-            e.restore(py);
-            null_mut()
-        }
-        Err(_) => {
-            pyo3::panic::PanicException::new_err("jitkey.triton launcher panicked").restore(py);
-            null_mut()
-        }
-    }
-}
-
-fn kw_count(kwnames: *mut ffi::PyObject) -> usize {
-    if kwnames.is_null() {
-        0
-    } else {
-        // SAFETY: a non-null kwnames is a tuple (vectorcall protocol).
-        (unsafe { ffi::PyTuple_Size(kwnames) }) as usize
-    }
+    static DEF: OnceLock<MethodDef> = OnceLock::new();
+    MethodDef::get(&DEF, c"launch", bound_fastcall, c"kernel[grid](*args, **kwargs) (jitkey.triton)")
 }
 
 /// The body shared by the two METH_FASTCALL entry points. `pick(slf, all, nargs)` names the
@@ -99,15 +53,10 @@ unsafe fn fastcall(
 ) -> *mut ffi::PyObject {
     // SAFETY: see the contract.
     let py = unsafe { Python::assume_attached() };
-    c_body(py, || {
+    c_body(py, "jitkey.triton launcher panicked", || {
         let nargs = nargs as usize;
-        let n = nargs + kw_count(kwnames);
-        let all: &[*mut ffi::PyObject] = if n == 0 {
-            &[]
-        } else {
-            // SAFETY: `args` holds nargs + len(kwnames) live pointers (the function's contract).
-            unsafe { std::slice::from_raw_parts(args, n) }
-        };
+        // SAFETY: see the contract.
+        let all = unsafe { fastcall::args(args, nargs, kwnames) };
         let (launcher, grid, first) = pick(slf, all, nargs)?;
         // SAFETY: `pick` returns a live launcher object.
         let launcher = unsafe { Borrowed::from_ptr(py, launcher).cast_unchecked::<Launcher>() };
