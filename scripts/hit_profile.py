@@ -18,7 +18,7 @@ plan's compiled step (``_CompiledLaunch((1, 1, 1), *args)``, what FlagGems' ``Li
 (env, default 100,000) hits, ns per hit. Instructions per hit, independent of a noisy machine::
 
     valgrind --tool=callgrind --collect-atstart=no \
-        --toggle-collect=_core::launch::vectorcall::bound_fastcall python scripts/hit_profile.py 2
+        --toggle-collect=_core::fastcall::entry python scripts/hit_profile.py 2
 
 (with an unstripped ``_core``: ``cargo build --release -p jitkey-py`` and its ``lib_core.so`` as
 ``jitkey/_core.abi3.so``), the collected total divided by ``9 * N + 1``.

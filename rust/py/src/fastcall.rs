@@ -1,6 +1,7 @@
 //! METH_FASTCALL builtins written in Rust: a launcher's `launch` and `kernel[grid]` (`crate::launch`),
-//! a DSL site's `call` (`crate::dsl`). Their method definitions, their argument pointers and the
-//! wrapper of their bodies; CPython calls them with no argument tuple or dict built.
+//! a DSL site's `call` (`crate::dsl`). Each is a [`Body`]; this file holds the one C entry point
+//! that runs them ([`entry`]), their method definitions and their argument pointers. CPython calls
+//! them with no argument tuple or dict built.
 
 use std::ffi::CStr;
 use std::ptr::null_mut;
@@ -25,6 +26,7 @@ impl MethodDef {
         f: ffi::PyCFunctionFastWithKeywords,
         doc: &'static CStr,
     ) -> *mut ffi::PyMethodDef {
+        // (`f` is `entry::<B>` for the builtin's `Body`.)
         cell.get_or_init(|| {
             MethodDef(Box::into_raw(Box::new(ffi::PyMethodDef {
                 ml_name: name.as_ptr(),
@@ -37,13 +39,71 @@ impl MethodDef {
     }
 }
 
+/// A builtin's call as CPython makes it: `self`, the positional arguments, then one value per name
+/// in `kwnames` (null: no keyword arguments).
+#[derive(Clone, Copy)]
+pub(crate) struct Args<'a> {
+    pub(crate) slf: *mut ffi::PyObject,
+    pub(crate) all: &'a [*mut ffi::PyObject],
+    pub(crate) nargs: usize,
+    pub(crate) kwnames: *mut ffi::PyObject,
+}
+
+impl<'a> Args<'a> {
+    /// The positional arguments.
+    #[inline]
+    pub(crate) fn positional(&self) -> &'a [*mut ffi::PyObject] {
+        &self.all[..self.nargs]
+    }
+
+    /// The keyword arguments' values and their names, if any were passed.
+    #[inline]
+    pub(crate) fn keywords(&self) -> Option<(&'a [*mut ffi::PyObject], *mut ffi::PyObject)> {
+        (self.all.len() > self.nargs).then(|| (&self.all[self.nargs..], self.kwnames))
+    }
+}
+
+/// What a builtin does with its `self` and its arguments.
+pub(crate) trait Body {
+    /// The message of the `PanicException` a panic in [`Body::call`] becomes.
+    const PANICKED: &'static str;
+
+    /// The builtin's body.
+    ///
+    /// # Safety
+    /// `a.slf` is the object the builtin was bound to by the definition naming `entry::<Self>`.
+    unsafe fn call(py: Python<'_>, a: Args<'_>) -> PyResult<*mut ffi::PyObject>;
+}
+
+/// The C entry point of the METH_FASTCALL | METH_KEYWORDS builtin whose body is `B`.
+///
+/// # Safety
+/// Called by CPython for a function made from a definition naming `entry::<B>`, attached to the
+/// interpreter, with `nargs` (flag bits stripped) + len(`kwnames`) live argument pointers.
+pub(crate) unsafe extern "C" fn entry<B: Body>(
+    slf: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython calls it attached (the contract).
+    let py = unsafe { Python::assume_attached() };
+    c_body(py, B::PANICKED, || {
+        let nargs = nargs as usize;
+        // SAFETY: the contract.
+        let all = unsafe { arguments(args, nargs, kwnames) };
+        // SAFETY: `slf` is what the definition was bound to (the contract).
+        unsafe { B::call(py, Args { slf, all, nargs, kwnames }) }
+    })
+}
+
 /// A call's argument pointers: the `nargs` positional ones, then one value per name in `kwnames`.
 ///
 /// # Safety
 /// As CPython calls a METH_FASTCALL | METH_KEYWORDS function: `args` holds `nargs` (flag bits
 /// stripped) + len(`kwnames`) live pointers, and `kwnames` is null or a tuple.
 #[inline]
-pub(crate) unsafe fn args<'a>(
+unsafe fn arguments<'a>(
     args: *const *mut ffi::PyObject,
     nargs: usize,
     kwnames: *mut ffi::PyObject,
@@ -65,7 +125,7 @@ pub(crate) unsafe fn args<'a>(
 /// Runs `f` as the body of a C function: an error is restored (null returned), and a panic becomes
 /// a `PanicException` saying `panicked`.
 #[inline]
-pub(crate) fn c_body(
+fn c_body(
     py: Python<'_>,
     panicked: &'static str,
     f: impl FnOnce() -> PyResult<*mut ffi::PyObject>,

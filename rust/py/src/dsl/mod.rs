@@ -33,31 +33,27 @@ pub(crate) fn recording() -> bool {
     RECORDING.load(Ordering::Relaxed) != 0
 }
 
-/// Reports a launch to the recorder (only called while [`recording`]); returns what to call once
-/// the launch is over (`None`: nothing).
+/// Reports a launch to the recorder (only called while [`recording`]), with `(launcher, grid, args,
+/// kwargs)`; returns what to call once the launch is over (`None`: nothing).
 #[cold]
 pub(crate) fn on_launch<'py>(
     py: Python<'py>,
-    launcher: &Bound<'py, PyAny>,
-    grid: &Bound<'py, PyAny>,
-    args: &Bound<'py, PyAny>,
-    kwargs: &Bound<'py, PyAny>,
+    launch: impl pyo3::call::PyCallArgs<'py>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let Some(f) = ON_LAUNCH.get(py) else { return Ok(None) };
-    let end = f.bind(py).call1((launcher, grid, args, kwargs))?;
+    let end = f.bind(py).call1(launch)?;
     Ok((!end.is_none()).then_some(end))
 }
 
-/// Hands a site call made during a recording to the recorder, which runs it (`site._run`).
+/// Hands a site call made during a recording to the recorder, which runs it (`site._run`), with
+/// `(site, args, kwargs)`.
 #[cold]
 pub(crate) fn on_site<'py>(
     py: Python<'py>,
-    site: &Bound<'py, PyAny>,
-    args: &Bound<'py, PyAny>,
-    kwargs: &Bound<'py, PyAny>,
+    call: impl pyo3::call::PyCallArgs<'py>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
     let Some(f) = ON_SITE.get(py) else { return Ok(None) };
-    f.bind(py).call1((site, args, kwargs)).map(Some)
+    f.bind(py).call1(call).map(Some)
 }
 
 /// `_recording(delta, on_launch=None, on_site=None, /)`: a recording starts (+1) or ends (-1);

@@ -20,7 +20,7 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 
 use super::plan::Plan;
 use crate::cpython::tuple_item;
-use crate::fastcall::{self, c_body, MethodDef};
+use crate::fastcall::{self, Args, Body, MethodDef};
 use crate::keys::{encode_into, fast_hash_state, with_encoder};
 use crate::launch::Leave;
 use crate::lru::PyLruCache;
@@ -241,7 +241,7 @@ impl Site {
                     d.set_item(name, borrowed(py, v))?;
                 }
             }
-            if let Some(out) = super::on_site(py, slf, &t, &d)? {
+            if let Some(out) = super::on_site(py, (slf, &t, &d))? {
                 return Ok(out);
             }
         }
@@ -304,30 +304,21 @@ fn call_def() -> *mut ffi::PyMethodDef {
     MethodDef::get(
         &DEF,
         c"call",
-        call_fastcall,
+        fastcall::entry::<Site>,
         c"call(*args, **kwargs): the DSL call through jitkey (jitkey.dsl)",
     )
 }
 
 /// `site.call(*args, **kwargs)`: `slf` is the site.
-unsafe extern "C" fn call_fastcall(
-    slf: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
-    nargs: ffi::Py_ssize_t,
-    kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    // SAFETY: CPython calls this as a METH_FASTCALL function made by `Site::call`, attached, with
-    // nargs + len(kwnames) live argument pointers; `slf` is the site.
-    let py = unsafe { Python::assume_attached() };
-    c_body(py, "jitkey.dsl: a site panicked", || {
-        let nargs = nargs as usize;
-        // SAFETY: see above.
-        let all = unsafe { fastcall::args(args, nargs, kwnames) };
-        // SAFETY: slf is a live `_Site`.
-        let site = unsafe { Borrowed::from_ptr(py, slf).cast_unchecked::<Site>() };
-        let kw = (all.len() > nargs).then(|| (&all[nargs..], kwnames));
-        site.get().run(py, Some(site.as_any()), &all[..nargs], kw).map(Bound::into_ptr)
-    })
+impl Body for Site {
+    const PANICKED: &'static str = "jitkey.dsl: a site panicked";
+
+    #[inline(always)]
+    unsafe fn call(py: Python<'_>, a: Args<'_>) -> PyResult<*mut ffi::PyObject> {
+        // SAFETY: `Site::call` binds this builtin to a live `_Site` (the contract).
+        let site = unsafe { Borrowed::from_ptr(py, a.slf).cast_unchecked::<Site>() };
+        site.get().run(py, Some(site.as_any()), a.positional(), a.keywords()).map(Bound::into_ptr)
+    }
 }
 
 #[pymethods]

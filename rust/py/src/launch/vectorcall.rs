@@ -14,7 +14,7 @@ use pyo3::types::{PyDict, PyInt, PyTuple};
 
 use super::{Call, Launcher};
 use crate::cpython::tuple_item;
-use crate::fastcall::{self, c_body, MethodDef};
+use crate::fastcall::{self, Args, Body, MethodDef};
 
 /// `launch(grid, /, *args, **kwargs)`, bound to a launcher.
 pub(super) fn launch_def() -> *mut ffi::PyMethodDef {
@@ -22,7 +22,7 @@ pub(super) fn launch_def() -> *mut ffi::PyMethodDef {
     MethodDef::get(
         &DEF,
         c"launch",
-        launch_fastcall,
+        fastcall::entry::<Launch>,
         c"launch(grid, /, *args, **kwargs): kernel[grid](*args, **kwargs)",
     )
 }
@@ -30,78 +30,79 @@ pub(super) fn launch_def() -> *mut ffi::PyMethodDef {
 /// `kernel[grid]`: `(*args, **kwargs)`, bound to a `(launcher, grid)` tuple.
 fn bound_def() -> *mut ffi::PyMethodDef {
     static DEF: OnceLock<MethodDef> = OnceLock::new();
-    MethodDef::get(&DEF, c"launch", bound_fastcall, c"kernel[grid](*args, **kwargs) (jitkey.triton)")
+    MethodDef::get(
+        &DEF,
+        c"launch",
+        fastcall::entry::<Subscripted>,
+        c"kernel[grid](*args, **kwargs) (jitkey.triton)",
+    )
 }
 
-/// The body shared by the two METH_FASTCALL entry points. `pick(slf, all, nargs)` names the
-/// launcher, the grid and where the positional arguments start in `all` (positional arguments,
-/// then one value per name in `kwnames`).
-///
-/// # Safety
-/// Called by CPython for a METH_FASTCALL function, attached to the interpreter, with `nargs` (flag
-/// bits stripped) + len(kwnames) live argument pointers; `pick` returns a launcher object.
-unsafe fn fastcall(
-    slf: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
-    nargs: ffi::Py_ssize_t,
-    kwnames: *mut ffi::PyObject,
-    pick: impl FnOnce(
-        *mut ffi::PyObject,
-        &[*mut ffi::PyObject],
-        usize,
-    ) -> PyResult<(*mut ffi::PyObject, *mut ffi::PyObject, usize)>,
-) -> *mut ffi::PyObject {
-    // SAFETY: see the contract.
-    let py = unsafe { Python::assume_attached() };
-    c_body(py, "jitkey.triton launcher panicked", || {
-        let nargs = nargs as usize;
-        // SAFETY: see the contract.
-        let all = unsafe { fastcall::args(args, nargs, kwnames) };
-        let (launcher, grid, first) = pick(slf, all, nargs)?;
+/// What an entry point's `self` and arguments hold: `pick(slf, all, nargs)` names the launcher, the
+/// grid and where the positional arguments start in `all` (positional arguments, then one value per
+/// name in `kwnames`).
+trait Pick {
+    /// # Safety
+    /// `slf` is the `self` CPython passes to the entry point this `Pick` names in its definition.
+    unsafe fn pick(
+        slf: *mut ffi::PyObject,
+        all: &[*mut ffi::PyObject],
+        nargs: usize,
+    ) -> PyResult<(*mut ffi::PyObject, *mut ffi::PyObject, usize)>;
+}
+
+/// `launch(grid, /, *args, **kwargs)`: `slf` is the launcher, `args[0]` the grid.
+struct Launch;
+
+impl Pick for Launch {
+    unsafe fn pick(
+        slf: *mut ffi::PyObject,
+        all: &[*mut ffi::PyObject],
+        nargs: usize,
+    ) -> PyResult<(*mut ffi::PyObject, *mut ffi::PyObject, usize)> {
+        match nargs {
+            0 => Err(PyTypeError::new_err("launch() missing the grid argument")),
+            _ => Ok((slf, all[0], 1)),
+        }
+    }
+}
+
+/// `kernel[grid](*args, **kwargs)`: `slf` is the `(launcher, grid)` tuple `__getitem__` made.
+struct Subscripted;
+
+impl Pick for Subscripted {
+    unsafe fn pick(
+        slf: *mut ffi::PyObject,
+        _all: &[*mut ffi::PyObject],
+        _nargs: usize,
+    ) -> PyResult<(*mut ffi::PyObject, *mut ffi::PyObject, usize)> {
+        // SAFETY: `KernelBase::__getitem__` binds this entry point to an exact 2-tuple.
+        Ok(unsafe { (tuple_item(slf, 0), tuple_item(slf, 1), 0) })
+    }
+}
+
+impl<P: Pick> Body for P {
+    const PANICKED: &'static str = "jitkey.triton launcher panicked";
+
+    #[inline(always)]
+    unsafe fn call(py: Python<'_>, a: Args<'_>) -> PyResult<*mut ffi::PyObject> {
+        // SAFETY: `a.slf` is what the definition naming `P` was bound to (the contract).
+        let (launcher, grid, first) = unsafe { P::pick(a.slf, a.all, a.nargs)? };
         // SAFETY: `pick` returns a live launcher object.
         let launcher = unsafe { Borrowed::from_ptr(py, launcher).cast_unchecked::<Launcher>() };
-        let call = Call { grid, pos: &all[first..nargs], kw_values: &all[nargs..], kwnames };
+        let (kw_values, kwnames) = a.keywords().unwrap_or((&[], a.kwnames));
+        let call = Call { grid, pos: &a.positional()[first..], kw_values, kwnames };
         if crate::dsl::recording() {
             // A DSL call is being recorded (jitkey.dsl): the recorder learns of the launch first,
             // and of its end.
-            let (g, a, k) = call.to_python(py)?;
-            if let Some(end) = crate::dsl::on_launch(py, &launcher, &g, &a, &k)? {
+            let (g, args, k) = call.to_python(py)?;
+            if let Some(end) = crate::dsl::on_launch(py, (&launcher, &g, &args, &k))? {
                 let out = launcher.get().run(py, &call);
                 end.call0()?;
                 return out.map(Bound::into_ptr);
             }
         }
         launcher.get().run(py, &call).map(Bound::into_ptr)
-    })
-}
-
-/// `launch(grid, /, *args, **kwargs)`: `slf` is the launcher, `args[0]` the grid.
-unsafe extern "C" fn launch_fastcall(
-    slf: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
-    nargs: ffi::Py_ssize_t,
-    kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    // SAFETY: CPython calls it as a METH_FASTCALL function made by `Launcher::launch`.
-    unsafe {
-        fastcall(slf, args, nargs, kwnames, |slf, all, nargs| match nargs {
-            0 => Err(PyTypeError::new_err("launch() missing the grid argument")),
-            _ => Ok((slf, all[0], 1)),
-        })
-    }
-}
-
-/// `kernel[grid](*args, **kwargs)`: `slf` is the `(launcher, grid)` tuple `__getitem__` made.
-unsafe extern "C" fn bound_fastcall(
-    slf: *mut ffi::PyObject,
-    args: *const *mut ffi::PyObject,
-    nargs: ffi::Py_ssize_t,
-    kwnames: *mut ffi::PyObject,
-) -> *mut ffi::PyObject {
-    // SAFETY: CPython calls it as a METH_FASTCALL function made by `KernelBase::__getitem__`,
-    // whose self is an exact 2-tuple.
-    unsafe {
-        fastcall(slf, args, nargs, kwnames, |slf, _, _| Ok((tuple_item(slf, 0), tuple_item(slf, 1), 0)))
     }
 }
 
