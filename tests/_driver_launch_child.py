@@ -514,6 +514,21 @@ def main() -> None:
         for f in (triton_call(run, meta, (1, 1, 1), (None, 3)), jitkey_call(plan, (1, 1, 1), (None, 3), []))
     ]
     lib.standin_ctx_fail(0)
+    # the driver floor of a bench: the same packed launch as plan.launch, n times; a declined call raises
+    lib.standin_launches.restype = ctypes.c_long
+    launched = lib.standin_launches()
+    plan.launch(1, 1, 1, STREAM, None, 0x30000, 9)
+    one = record()
+    seconds = plan._floor(3, 1, 1, 1, STREAM, None, 0x30000, 9)
+    floor: dict[str, Any] = {"same": record() == one, "launches": lib.standin_launches() - launched}
+    floor["seconds"] = isinstance(seconds, float) and seconds >= 0
+    for bad in ((3, 1, 1, 1, STREAM, None, 0x30000), (3, 1, 1, 1, STREAM)):  # one parameter short; no device
+        try:
+            plan._floor(*bad)
+            floor.setdefault("errors", []).append("no error")
+        except Exception as exc:
+            floor.setdefault("errors", []).append(type(exc).__name__)
+    out["floor"] = floor
     json.dump(out, sys.stdout)
 
 

@@ -188,6 +188,14 @@ def test_a_failing_launch_raises_what_triton_raises(summary: dict) -> None:
     assert triton_err == jitkey_err == "RuntimeError: Triton Error [CUDA]: stand-in error 700"
 
 
+def test_the_driver_floor_packs_and_launches_as_a_launch_does(summary: dict) -> None:
+    """``_LaunchPlan._floor(n, ...)`` (the benches' floor) takes a launch's arguments: the same record, n
+    launches; a call the plan would decline raises ValueError, too few arguments TypeError."""
+    floor = summary["floor"]
+    assert floor["same"] and floor["launches"] == 4 and floor["seconds"], floor
+    assert floor["errors"] == ["ValueError", "TypeError"], floor
+
+
 def test_no_current_context_retains_the_primary_context(summary: dict) -> None:
     assert summary["ctx_retains"] == 1
     triton_did, jitkey_did = summary["no_context"]

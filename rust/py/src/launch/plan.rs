@@ -214,8 +214,37 @@ fn scratch_from(spec: Option<(i64, i64, Py<PyAny>)>) -> Option<Scratch> {
     spec.filter(|(size, _, _)| *size > 0).map(|(size, align, allocator)| Scratch { size, align, allocator })
 }
 
-fn device_index(device: Option<i64>) -> i64 {
-    device.unwrap_or(-1)
+/// A launch as `_LaunchPlan.launch` and `_floor` take it from Python, `(gx, gy, gz, stream, device,
+/// *params)`: `device` the current device index (tensors elsewhere are declined) or None (tensors are
+/// declined, -1 here).
+struct PyLaunch<'py> {
+    grid: [Bound<'py, PyAny>; 3],
+    stream: Stream<'py>,
+    device: i64,
+    params: Vec<*mut ffi::PyObject>,
+}
+
+impl<'py> PyLaunch<'py> {
+    fn from_args(what: &str, call: &[Bound<'py, PyAny>]) -> PyResult<Self> {
+        let [gx, gy, gz, stream, device, params @ ..] = call else {
+            return Err(PyTypeError::new_err(format!(
+                "{what}() takes gx, gy, gz, stream, device and the parameters ({} given)",
+                call.len()
+            )));
+        };
+        let device = if device.is_none() { -1 } else { device.extract::<i64>()? };
+        Ok(Self {
+            grid: [gx.clone(), gy.clone(), gz.clone()],
+            stream: Stream::Object(stream.clone()),
+            device,
+            params: params.iter().map(Bound::as_ptr).collect(),
+        })
+    }
+
+    fn prepare(&self, plan: &LaunchPlan, slots: &mut Slots) -> Result<Launch, usize> {
+        let [gx, gy, gz] = &self.grid;
+        plan.prepare([gx, gy, gz], &self.stream, &self.params, self.device, slots)
+    }
 }
 
 #[pymethods]
@@ -287,23 +316,12 @@ impl LaunchPlan {
     /// `launch(gx, gy, gz, stream, device, *params) -> bool`: launches as a hit would (no hooks);
     /// False when the call is declined (nothing was launched; see `counts()`). `device`: the current
     /// device index (tensors elsewhere are declined), or None (tensors are declined).
-    #[pyo3(signature = (gx, gy, gz, stream, device, *params))]
-    #[allow(clippy::too_many_arguments)]
-    fn launch(
-        &self,
-        py: Python<'_>,
-        gx: &Bound<'_, PyAny>,
-        gy: &Bound<'_, PyAny>,
-        gz: &Bound<'_, PyAny>,
-        stream: &Bound<'_, PyAny>,
-        device: Option<i64>,
-        params: &Bound<'_, PyTuple>,
-    ) -> PyResult<bool> {
-        let objs: Vec<_> = params.iter().map(|p| p.as_ptr()).collect();
+    #[pyo3(signature = (*call), text_signature = "(self, gx, gy, gz, stream, device, *params)")]
+    fn launch(&self, py: Python<'_>, call: Vec<Bound<'_, PyAny>>) -> PyResult<bool> {
+        let call = PyLaunch::from_args("launch", &call)?;
         let mut slots = Slots::new();
-        let stream = Stream::Object(stream.clone());
-        match self.prepare([gx, gy, gz], &stream, &objs, device_index(device), &mut slots) {
-            Ok(l) => self.launch_packed(py, &mut slots, &l, &stream, None).map(|()| true),
+        match call.prepare(self, &mut slots) {
+            Ok(l) => self.launch_packed(py, &mut slots, &l, &call.stream, None).map(|()| true),
             Err(why) => {
                 self.count_decline(why);
                 Ok(false)
@@ -316,30 +334,18 @@ impl LaunchPlan {
     /// released); returns the seconds the loop took. Raises `ValueError` if the call would be
     /// declined. `steps` adds, per launch, what a hit does around the driver call, to see what each
     /// costs: 1 `ensure_context`, 2 releasing and taking back the GIL, 4 packing the parameters again.
-    #[pyo3(signature = (n, gx, gy, gz, stream, device, *params, steps=0))]
-    #[allow(clippy::too_many_arguments)]
-    fn _floor(
-        &self,
-        _py: Python<'_>,
-        n: u64,
-        gx: &Bound<'_, PyAny>,
-        gy: &Bound<'_, PyAny>,
-        gz: &Bound<'_, PyAny>,
-        stream: &Bound<'_, PyAny>,
-        device: Option<i64>,
-        params: &Bound<'_, PyTuple>,
-        steps: u32,
-    ) -> PyResult<f64> {
+    #[pyo3(
+        signature = (n, *call, steps=0),
+        text_signature = "(self, n, gx, gy, gz, stream, device, *params, steps=0)"
+    )]
+    fn _floor(&self, n: u64, call: Vec<Bound<'_, PyAny>>, steps: u32) -> PyResult<f64> {
         if self.global_scratch.is_some() || self.profile_scratch.is_some() {
             return Err(PyValueError::new_err("_floor: the kernel needs scratch buffers"));
         }
         let drv = self.drv;
-        let objs: Vec<_> = params.iter().map(|p| p.as_ptr()).collect();
-        let grid = [gx, gy, gz];
-        let dev = device_index(device);
-        let stream = Stream::Object(stream.clone());
+        let call = PyLaunch::from_args("_floor", &call)?;
         let pack = |slots: &mut Slots| {
-            self.prepare(grid, &stream, &objs, dev, slots)
+            call.prepare(self, slots)
                 .map_err(|why| PyValueError::new_err(format!("_floor: declined: {}", DECLINES[why])))
         };
         let mut slots = Slots::new();
