@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import threading
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -49,6 +51,27 @@ def check_version(library: str, dist: str, supported: tuple[str, ...]) -> str:
             f"{library} is left as it is"
         )
     return v
+
+
+def install_once(
+    library: str,
+    dist: str,
+    supported: tuple[str, ...],
+    lock: threading.Lock,
+    installed: Callable[[], bool],
+    patch: Callable[[], None],
+) -> None:
+    """An adapter's ``install()``: the version check (:func:`check_version`), then, under the adapter's
+    ``lock`` and unless ``installed()``, ``triton.jit`` routed through jitkey (:func:`jitkey.triton.install`)
+    and the adapter's own ``patch()``."""
+    check_version(library, dist, supported)
+    import jitkey.triton
+
+    with lock:
+        if installed():
+            return
+        jitkey.triton.install()
+        patch()
 
 
 def adapter_report(dsl_name: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ import weakref
 from typing import Any
 
 from jitkey import dsl
-from jitkey.integrations import adapter_report, check_version
+from jitkey.integrations import adapter_report, install_once
 
 LIBRARY = "flag_gems"
 SUPPORTED = ("5.0.0",)
@@ -271,54 +271,52 @@ def _wrap(fn: Any) -> Any:
 def install() -> None:
     """Route FlagGems' ops through jitkey (see the module docs). Raises
     :class:`jitkey.errors.UnsupportedVersionError` for a FlagGems other than ``SUPPORTED``. Idempotent."""
+    install_once("FlagGems", LIBRARY, SUPPORTED, _lock, installed, _patch)
+
+
+def _patch() -> None:
+    """What :func:`install` changes in FlagGems (under the adapter's lock, once)."""
     global _saved
-    check_version("FlagGems", LIBRARY, SUPPORTED)
-    import jitkey.triton
+    import importlib
 
-    with _lock:
-        if _saved is not None:
-            return
-        jitkey.triton.install()
-        import importlib
+    import flag_gems
+    import flag_gems.ops
+    from triton.compiler.compiler import CompiledKernel
 
-        import flag_gems
-        import flag_gems.ops
-        from triton.compiler.compiler import CompiledKernel
-
-        # (``flag_gems.utils`` re-exports a function named ``libentry``: import the modules by name.)
-        libentry = importlib.import_module("flag_gems.utils.libentry")
-        tensor_wrapper = importlib.import_module("flag_gems.utils.tensor_wrapper")
-        saved: dict[str, Any] = {
-            "libentry_run": libentry.LibEntry.run,
-            "ck_getitem": CompiledKernel.__getitem__,
-            "sb_init": tensor_wrapper.StridedBuffer.__init__,
-            "full_config": flag_gems._FULL_CONFIG,
-            "by_func": flag_gems.FULL_CONFIG_BY_FUNC,
-            "attrs": [],
-        }
-        wrapped: dict[int, Any] = {}
-        config = []
-        for item in flag_gems._FULL_CONFIG:
-            fn = item[1]
-            w = wrapped.get(id(fn))
-            if w is None:
-                w = wrapped[id(fn)] = _wrap(fn)
-            config.append((item[0], w, *item[2:]))
-        by_func: dict[str, list[Any]] = {}
-        for item in config:
-            by_func.setdefault(item[1].__name__, []).append(item)
-        originals = {id(item[1]): item[1] for item in flag_gems._FULL_CONFIG}
-        for mod in (flag_gems, flag_gems.ops):
-            for attr, value in list(vars(mod).items()):
-                if id(value) in wrapped and originals.get(id(value)) is value:
-                    saved["attrs"].append((mod, attr, value))
-                    setattr(mod, attr, wrapped[id(value)])
-        flag_gems._FULL_CONFIG = tuple(config)
-        flag_gems.FULL_CONFIG_BY_FUNC = by_func
-        libentry.LibEntry.run = _libentry_run
-        CompiledKernel.__getitem__ = _ck_getitem
-        tensor_wrapper.StridedBuffer.__init__ = _sb_init
-        _saved = saved
+    # (``flag_gems.utils`` re-exports a function named ``libentry``: import the modules by name.)
+    libentry = importlib.import_module("flag_gems.utils.libentry")
+    tensor_wrapper = importlib.import_module("flag_gems.utils.tensor_wrapper")
+    saved: dict[str, Any] = {
+        "libentry_run": libentry.LibEntry.run,
+        "ck_getitem": CompiledKernel.__getitem__,
+        "sb_init": tensor_wrapper.StridedBuffer.__init__,
+        "full_config": flag_gems._FULL_CONFIG,
+        "by_func": flag_gems.FULL_CONFIG_BY_FUNC,
+        "attrs": [],
+    }
+    wrapped: dict[int, Any] = {}
+    config = []
+    for item in flag_gems._FULL_CONFIG:
+        fn = item[1]
+        w = wrapped.get(id(fn))
+        if w is None:
+            w = wrapped[id(fn)] = _wrap(fn)
+        config.append((item[0], w, *item[2:]))
+    by_func: dict[str, list[Any]] = {}
+    for item in config:
+        by_func.setdefault(item[1].__name__, []).append(item)
+    originals = {id(item[1]): item[1] for item in flag_gems._FULL_CONFIG}
+    for mod in (flag_gems, flag_gems.ops):
+        for attr, value in list(vars(mod).items()):
+            if id(value) in wrapped and originals.get(id(value)) is value:
+                saved["attrs"].append((mod, attr, value))
+                setattr(mod, attr, wrapped[id(value)])
+    flag_gems._FULL_CONFIG = tuple(config)
+    flag_gems.FULL_CONFIG_BY_FUNC = by_func
+    libentry.LibEntry.run = _libentry_run
+    CompiledKernel.__getitem__ = _ck_getitem
+    tensor_wrapper.StridedBuffer.__init__ = _sb_init
+    _saved = saved
 
 
 def uninstall() -> None:

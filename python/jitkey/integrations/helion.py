@@ -31,7 +31,7 @@ from typing import Any
 
 from jitkey import dsl
 from jitkey._core import _SiteMethod
-from jitkey.integrations import adapter_report, check_version
+from jitkey.integrations import adapter_report, install_once
 
 LIBRARY = "helion"
 SUPPORTED = ("1.4.0",)
@@ -212,20 +212,18 @@ def install() -> None:
     """Route every ``helion.Kernel`` call through jitkey (kernels made before and after), and route
     ``triton.jit`` through jitkey (:func:`jitkey.triton.install`) so Helion's generated kernels launch natively.
     Raises :class:`jitkey.errors.UnsupportedVersionError` for a Helion other than ``SUPPORTED``. Idempotent."""
+    install_once("Helion", LIBRARY, SUPPORTED, _lock, installed, _patch)
+
+
+def _patch() -> None:
+    """What :func:`install` changes in Helion (under the adapter's lock, once)."""
     global _saved
-    check_version("Helion", LIBRARY, SUPPORTED)
     from helion.runtime.kernel import Kernel
 
-    import jitkey.triton
-
-    with _lock:
-        if _saved is not None:
-            return
-        jitkey.triton.install()
-        _saved = (Kernel.__call__, Kernel.reset, Kernel.__dict__.get("_jk_call"))
-        Kernel._jk_call = _UNSET
-        Kernel.__call__ = _SiteMethod("_jk_call", _call)
-        Kernel.reset = _reset
+    _saved = (Kernel.__call__, Kernel.reset, Kernel.__dict__.get("_jk_call"))
+    Kernel._jk_call = _UNSET
+    Kernel.__call__ = _SiteMethod("_jk_call", _call)
+    Kernel.reset = _reset
 
 
 def uninstall() -> None:
