@@ -91,10 +91,6 @@ impl CompiledLaunch {
         }
     }
 
-    fn hook<'py>(&self, py: Python<'py>, obj: Bound<'py, PyAny>) -> PyResult<Hook<Bound<'py, PyAny>>> {
-        Hook::read(py, obj, self.hook_chain.as_ref())
-    }
-
     /// This launch's hooks: kept while the watch version and the `knobs.runtime` object are the ones
     /// they were read at, else read now (and kept when the watch covers the object's class).
     fn hooks<'py>(&self, py: Python<'py>) -> PyResult<Current<'py>> {
@@ -124,8 +120,9 @@ impl CompiledLaunch {
         runtime: Bound<'py, PyAny>,
         version: u64,
     ) -> PyResult<Hooks<Bound<'py, PyAny>>> {
-        let enter = self.hook(py, runtime.getattr(intern!(py, "launch_enter_hook"))?)?;
-        let exit = self.hook(py, runtime.getattr(intern!(py, "launch_exit_hook"))?)?;
+        let chain = self.hook_chain.as_ref();
+        let enter = Hook::read(py, runtime.getattr(intern!(py, "launch_enter_hook"))?, chain)?;
+        let exit = Hook::read(py, runtime.getattr(intern!(py, "launch_exit_hook"))?, chain)?;
         Ok(Hooks { version, runtime, enter, exit })
     }
 

@@ -354,7 +354,7 @@ impl Launcher {
         {
             let obj = runtime.getattr(name)?;
             self.classify(py, &mut seen, runtime, name, read)?;
-            *slot = Some(self.hook(py, obj)?);
+            *slot = Some(Hook::read(py, obj, self.hook_chain.as_ref())?);
         }
         // The knob state's key bytes, written through the thread-local encoder (no allocation).
         let key = with_encoder(|enc| -> PyResult<Result<KnobBytes, Py<PyAny>>> {
@@ -418,10 +418,6 @@ impl Launcher {
             _ => seen.why = Some(Why::Knob(read)),
         }
         Ok(())
-    }
-
-    fn hook<'py>(&self, py: Python<'py>, obj: Bound<'py, PyAny>) -> PyResult<Hook<Bound<'py, PyAny>>> {
-        Hook::read(py, obj, self.hook_chain.as_ref())
     }
 
     /// The name of knob read `i` as `State::why` numbers them.

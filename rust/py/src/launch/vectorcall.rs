@@ -38,72 +38,63 @@ fn bound_def() -> *mut ffi::PyMethodDef {
     )
 }
 
-/// What an entry point's `self` and arguments hold: `pick(slf, all, nargs)` names the launcher, the
-/// grid and where the positional arguments start in `all` (positional arguments, then one value per
-/// name in `kwnames`).
-trait Pick {
-    /// # Safety
-    /// `slf` is the `self` CPython passes to the entry point this `Pick` names in its definition.
-    unsafe fn pick(
-        slf: *mut ffi::PyObject,
-        all: &[*mut ffi::PyObject],
-        nargs: usize,
-    ) -> PyResult<(*mut ffi::PyObject, *mut ffi::PyObject, usize)>;
-}
+const PANICKED: &str = "jitkey.triton launcher panicked";
 
 /// `launch(grid, /, *args, **kwargs)`: `slf` is the launcher, `args[0]` the grid.
 struct Launch;
 
-impl Pick for Launch {
-    unsafe fn pick(
-        slf: *mut ffi::PyObject,
-        all: &[*mut ffi::PyObject],
-        nargs: usize,
-    ) -> PyResult<(*mut ffi::PyObject, *mut ffi::PyObject, usize)> {
-        match nargs {
-            0 => Err(PyTypeError::new_err("launch() missing the grid argument")),
-            _ => Ok((slf, all[0], 1)),
-        }
+impl Body for Launch {
+    const PANICKED: &'static str = PANICKED;
+
+    #[inline(always)]
+    unsafe fn call(py: Python<'_>, a: Args<'_>) -> PyResult<*mut ffi::PyObject> {
+        let Some(&grid) = a.positional().first() else {
+            return Err(PyTypeError::new_err("launch() missing the grid argument"));
+        };
+        // SAFETY: `Launcher::launch` binds this builtin to a live launcher.
+        unsafe { launch(py, a.slf, grid, 1, a) }
     }
 }
 
 /// `kernel[grid](*args, **kwargs)`: `slf` is the `(launcher, grid)` tuple `__getitem__` made.
 struct Subscripted;
 
-impl Pick for Subscripted {
-    unsafe fn pick(
-        slf: *mut ffi::PyObject,
-        _all: &[*mut ffi::PyObject],
-        _nargs: usize,
-    ) -> PyResult<(*mut ffi::PyObject, *mut ffi::PyObject, usize)> {
-        // SAFETY: `KernelBase::__getitem__` binds this entry point to an exact 2-tuple.
-        Ok(unsafe { (tuple_item(slf, 0), tuple_item(slf, 1), 0) })
-    }
-}
-
-impl<P: Pick> Body for P {
-    const PANICKED: &'static str = "jitkey.triton launcher panicked";
+impl Body for Subscripted {
+    const PANICKED: &'static str = PANICKED;
 
     #[inline(always)]
     unsafe fn call(py: Python<'_>, a: Args<'_>) -> PyResult<*mut ffi::PyObject> {
-        // SAFETY: `a.slf` is what the definition naming `P` was bound to (the contract).
-        let (launcher, grid, first) = unsafe { P::pick(a.slf, a.all, a.nargs)? };
-        // SAFETY: `pick` returns a live launcher object.
-        let launcher = unsafe { Borrowed::from_ptr(py, launcher).cast_unchecked::<Launcher>() };
-        let (kw_values, kwnames) = a.keywords().unwrap_or((&[], a.kwnames));
-        let call = Call { grid, pos: &a.positional()[first..], kw_values, kwnames };
-        if crate::dsl::recording() {
-            // A DSL call is being recorded (jitkey.dsl): the recorder learns of the launch first,
-            // and of its end.
-            let (g, args, k) = call.to_python(py)?;
-            if let Some(end) = crate::dsl::on_launch(py, (&launcher, &g, &args, &k))? {
-                let out = launcher.get().run(py, &call);
-                end.call0()?;
-                return out.map(Bound::into_ptr);
-            }
-        }
-        launcher.get().run(py, &call).map(Bound::into_ptr)
+        // SAFETY: `KernelBase::__getitem__` binds this builtin to an exact `(launcher, grid)` tuple.
+        unsafe { launch(py, tuple_item(a.slf, 0), tuple_item(a.slf, 1), 0, a) }
     }
+}
+
+/// `launcher`'s launch on `grid` of the call's arguments, positional ones from `first`.
+///
+/// # Safety
+/// `launcher` is a live `_TritonLauncher`.
+#[inline(always)]
+unsafe fn launch(
+    py: Python<'_>,
+    launcher: *mut ffi::PyObject,
+    grid: *mut ffi::PyObject,
+    first: usize,
+    a: Args<'_>,
+) -> PyResult<*mut ffi::PyObject> {
+    // SAFETY: the contract.
+    let launcher = unsafe { Borrowed::from_ptr(py, launcher).cast_unchecked::<Launcher>() };
+    let call = Call { grid, pos: &a.positional()[first..], kw_values: &a.all[a.nargs..], kwnames: a.kwnames };
+    if crate::dsl::recording() {
+        // A DSL call is being recorded (jitkey.dsl): the recorder learns of the launch first,
+        // and of its end.
+        let (g, args, k) = call.to_python(py)?;
+        if let Some(end) = crate::dsl::on_launch(py, (&launcher, &g, &args, &k))? {
+            let out = launcher.get().run(py, &call);
+            end.call0()?;
+            return out.map(Bound::into_ptr);
+        }
+    }
+    launcher.get().run(py, &call).map(Bound::into_ptr)
 }
 
 /// Base class of `jitkey.triton.TritonKernel`: `kernel[grid]` in C once a native launcher is set
