@@ -236,7 +236,7 @@ def hook_watch(runtime: Any) -> type | None:
     if problem() or install():
         return None
     cls = type(runtime)
-    k = kinds([])
+    k = _cached_kinds([])
     if all(k.get((cls, attr)) == "plain" for attr in ("launch_enter_hook", "launch_exit_hook")):
         return cls
     return None
@@ -262,8 +262,13 @@ def for_kernel(kernel: Any, reads: list[tuple[str, str, str]]) -> Watch:
     why = problem() or install() or kernel_problem(type(kernel))
     if why is not None:
         return Watch(why, {})
+    return Watch(None, _cached_kinds(reads))
+
+
+def _cached_kinds(reads: list[tuple[str, str, str]]) -> dict[tuple[type, str], str]:
+    """:func:`kinds`, computed once per list of reads (the knob classes are patched once per process)."""
     key = tuple(reads)
     k = _kinds.get(key)
     if k is None:
         k = _kinds[key] = kinds(reads)
-    return Watch(None, k)
+    return k
