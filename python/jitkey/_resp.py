@@ -63,39 +63,36 @@ _ERROR_TEXT_MAX: Final = 200
 
 
 class WireError(Exception):
-    """A failure on the wire; ``cause`` names its kind for counting and for one warning per kind."""
+    """A failure on the wire; ``cause`` names its kind for counting and for one warning per kind.
 
-    cause = "server"
+    Each kind is a subclass that states its ``cause`` in its class line.
+    """
+
+    cause: str = "server"
+
+    def __init_subclass__(cls, *, cause: str, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.cause = cause
 
 
-class Timeout(WireError):
+class Timeout(WireError, cause="timeout"):
     """The operation's deadline passed (connect, send or read)."""
 
-    cause = "timeout"
 
-
-class ConnectionFailed(WireError):
+class ConnectionFailed(WireError, cause="connection"):
     """Connecting failed, or the connection broke or was closed by the server."""
 
-    cause = "connection"
 
-
-class AuthError(WireError):
+class AuthError(WireError, cause="auth"):
     """The server refused the handshake's ``AUTH``."""
 
-    cause = "auth"
 
-
-class ServerError(WireError):
+class ServerError(WireError, cause="server"):
     """The server answered the handshake (``SELECT``, ``CLIENT SETNAME``) with an error."""
 
-    cause = "server"
 
-
-class ProtocolError(WireError):
+class ProtocolError(WireError, cause="protocol"):
     """A reply that is not the one shape its command may answer with, or not RESP2 at all."""
-
-    cause = "protocol"
 
 
 @dataclass(frozen=True)

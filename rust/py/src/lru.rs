@@ -358,10 +358,10 @@ impl PyLruCache {
     #[pyo3(signature = (key, *default))]
     fn pop<'py>(
         &self,
-        py: Python<'py>,
         key: &Bound<'py, PyAny>,
         default: &Bound<'py, PyTuple>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let py = key.py();
         if default.len() > 1 {
             return Err(PyTypeError::new_err(format!(
                 "pop expected at most 2 arguments, got {}",

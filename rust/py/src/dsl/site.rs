@@ -402,10 +402,10 @@ impl Site {
     #[pyo3(signature = (args, kwargs, /))]
     fn _run<'py>(
         &self,
-        py: Python<'py>,
         args: &Bound<'py, PyTuple>,
         kwargs: &Bound<'py, PyDict>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let py = args.py();
         let mut all: Vec<*mut ffi::PyObject> = args.iter().map(|a| a.as_ptr()).collect();
         if kwargs.is_empty() {
             return self.run(py, None, &all, None);
