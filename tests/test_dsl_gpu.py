@@ -235,6 +235,79 @@ def test_flag_gems_ops_of_one_tensor_passed_twice_replay(gems_on):
     assert not any("twice" in r for st in stats.values() for r in st["refused"]), stats
 
 
+def test_flag_gems_sum_keeps_its_partial_sums_between_replays_where_torch_would_reuse_them(gems_on):
+    """FlagGems' ``sum`` allocates a small tensor of partial sums that only its two launches see: the plan keeps it
+    between replays on one stream and hands it to the next replay; a call on another stream, under a CUDA graph
+    capture or under deterministic algorithms allocates as torch would, and a tensor someone else holds is never
+    handed out again. Every result is bit-equal to FlagGems' own path."""
+    import weakref
+
+    import flag_gems
+
+    from jitkey import dsl
+
+    x = torch.randn(4096, device=DEV)
+    want = _own(flag_gems.sum)(x)
+    for _ in range(3):
+        assert _same(flag_gems.sum(x), want)
+    (site,) = [s for s in dsl.sites() if s.name == "flag_gems:sum"]
+    plan = site.plan(x)
+    assert plan is not None and not plan.bound
+    kinds = [k for k, _ in plan.steps]
+    assert kinds.count("empty") == 2 and sum(k is not False for k in plan.kept) == 1, (kinds, plan.kept)
+
+    def kept():  # a weak reference to the tensor kept now (a strong one would stop its reuse)
+        (t,) = [k for k in plan.kept if k is not False]
+        assert t is not None
+        return weakref.ref(t)
+
+    mid = kept()
+    assert mid().numel() == 64 and mid().device == x.device  # the partial sums, not the result
+    for _ in range(3):
+        assert _same(flag_gems.sum(x), want)
+        assert kept()() is mid()  # the same tensor, handed out again
+    # Another stream: its replays keep their own tensor; the default stream's is not used there.
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        got = flag_gems.sum(x)
+        on_s = kept()
+        got2 = flag_gems.sum(x)
+        assert kept()() is on_s()
+    torch.cuda.current_stream().wait_stream(s)
+    assert _same(got, want) and _same(got2, want)
+    assert on_s() is not None and mid() is None  # the first was given back to torch
+    # Held elsewhere: never handed out again.
+    flag_gems.sum(x)  # keeps one on this stream
+    held = kept()()
+    assert _same(flag_gems.sum(x), want)
+    assert kept()() is not held
+    del held
+    # Deterministic algorithms (torch fills new memory): nothing is taken or kept.
+    before = kept()
+    det = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert _same(flag_gems.sum(x), want)
+        assert kept()() is before()
+    finally:
+        torch.use_deterministic_algorithms(det)
+    # A CUDA graph capture: nothing is taken or kept while capturing, and replays of the graph are right.
+    before = kept()
+    xs = x.clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = flag_gems.sum(xs)
+    assert kept()() is before()
+    xs.copy_(x * 2)
+    g.replay()
+    torch.cuda.synchronize()
+    assert _same(out, _own(flag_gems.sum)(x * 2))
+    assert _same(flag_gems.sum(x), want)
+    assert kept()() is before()
+    assert site.stats()["replays"] > 0
+
+
 def test_flag_gems_under_use_gems_routes_aten_calls(gems_on):
     import flag_gems
 

@@ -581,7 +581,10 @@ class _Plan:
     dtype])``, ``args`` one tensor and keyword arguments that change nothing but the dtype, ``dtype`` if given:
     ``alloc.empty_like(tensor, dtype)`` or ``fallback(tensor, **kw)``). Sources: ``("a", i)``, ``("a", i,
     path)``, ``("s", j)``, ``("s", j, k)``, ``("c", value)``, ``("t", srcs)``, ``("l", srcs)``. ``guard`` is
-    ``(owner, name, value)``: the plan holds while ``getattr(owner, name) is value``.
+    ``(owner, name, value)``: the plan holds while ``getattr(owner, name) is value``. ``keep`` is ``(current,
+    deterministic)``, a proven :class:`_TorchCurrent` and ``torch._C._get_deterministic_algorithms``: with it the
+    plan keeps small intermediates between replays (an ``"empty"`` step whose tensor only the plan's compiled
+    launches on its device see), on the conditions ``rust/py/src/dsl/plan.rs`` states.
     """
 
     def __new__(
@@ -591,6 +594,7 @@ class _Plan:
         ret: Any,
         guard: tuple[Any, str, Any] | None = None,
         bound: bool = False,
+        keep: tuple[_TorchCurrent, Callable[[], bool]] | None = None,
     ) -> _Plan: ...
     def __call__(self, *args: Any) -> Any:
         """Run the plan over ``args`` as the recorded call would."""
@@ -598,6 +602,10 @@ class _Plan:
     @property
     def steps(self) -> list[tuple[str, Any]]:
         """``(kind, target)`` per step."""
+    @property
+    def kept(self) -> list[Any]:
+        """Per step: the intermediate tensor it keeps now, ``None`` where none is kept yet, ``False`` where the
+        step keeps nothing."""
     @property
     def bound(self) -> bool:
         """Whether the plan is one call of the DSL's bound call."""

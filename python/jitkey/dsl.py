@@ -604,7 +604,17 @@ def record(
     if rec.problem is not None:
         return result, None, rec.problem
     g = None if guard is None else (guard[0], guard[1], call)
-    return result, _Plan(len(args), rec.steps, ret, g), None
+    return result, _Plan(len(args), rec.steps, ret, g, keep=_keep(rec)), None
+
+
+def _keep(rec: _Recorder) -> tuple[Any, Any] | None:
+    """What a plan needs to keep its small intermediates between replays (``rust/py/src/dsl/plan.rs``): the
+    proven native current-stream read and torch's deterministic-algorithms getter; None (keep nothing) for a
+    recording that allocated nothing natively, or where the stream cannot be read natively."""
+    if not any(kind == "empty" for kind, *_ in rec.steps):
+        return None
+    shim = _torch_current.PATH.get()
+    return None if shim is None else (shim, rec.torch._C._get_deterministic_algorithms)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -112,6 +112,8 @@ pub(crate) struct Driver {
     func_set_attribute: unsafe extern "C" fn(*mut c_void, c_int, c_int) -> CuResult,
     pointer_get_attribute: unsafe extern "C" fn(*mut c_void, c_int, u64) -> CuResult,
     get_error_string: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
+    /// `cuStreamIsCapturing`, where the driver has it.
+    stream_is_capturing: Option<unsafe extern "C" fn(*mut c_void, *mut c_int) -> CuResult>,
 }
 
 /// One kernel launch, as Triton's `_launch` receives it.
@@ -188,6 +190,11 @@ fn load() -> Result<Driver, String> {
                 *mut c_void,
                 unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
             >(sym(c"cuGetErrorString")?),
+            stream_is_capturing: sym(c"cuStreamIsCapturing").ok().map(|p| {
+                std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut c_void, *mut c_int) -> CuResult>(
+                    p,
+                )
+            }),
         })
     }
 }
@@ -235,6 +242,17 @@ impl Driver {
             }
             self.check((self.ctx_set_current)(ctx), err);
         }
+    }
+
+    /// Whether `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`: any status but
+    /// `CU_STREAM_CAPTURE_STATUS_NONE`), or `None` when the driver cannot say.
+    pub(crate) fn capturing(&self, stream: u64) -> Option<bool> {
+        let f = self.stream_is_capturing?;
+        let mut status: c_int = -1;
+        // SAFETY: `status` is a valid out-pointer; the stream is a handle torch gave (0: the legacy
+        // default stream), which the call only reads.
+        let rc = unsafe { f(stream as usize as *mut c_void, &mut status) };
+        (rc == CUDA_SUCCESS).then_some(status != 0)
     }
 
     /// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_POINTER, ptr)`: `(status, device pointer)`.

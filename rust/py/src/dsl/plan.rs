@@ -6,8 +6,21 @@
 //! from keyed metadata, folded at recording), and the result is built the same way. Which calls
 //! may be folded, and which may not become a plan at all, is the recorder's business
 //! (`jitkey/dsl.py`); this file only runs what it was given.
+//!
+//! **Kept intermediates.** A small tensor that a step allocates (`torch.empty` of fixed sizes, at
+//! most `KEPT_MAX_ELEMENTS` elements) and that only the plan's compiled launches on its own device
+//! see (not the result, not a Python call, not inside a built tuple) is an intermediate, such as the
+//! partial sums of FlagGems' two-pass reductions. Where the spec gives a proven `_TorchCurrent`, the
+//! plan keeps such a tensor after a replay and hands it to the next replay instead of allocating, on
+//! the conditions under which torch's caching allocator would hand back the same block without a
+//! synchronization: the same device and current stream at both ends of both replays (the launches
+//! are ordered on it), no CUDA graph capture on that stream, no other holder of the tensor (its
+//! reference count), no launch declined to the library's own path, and torch not set to fill new
+//! memory (`torch.use_deterministic_algorithms`, when it is on, keeps nothing). Each such step keeps
+//! at most one tensor, which `torch.cuda.memory_allocated()` counts while the plan lives.
 
 use std::ptr::null_mut;
+use std::sync::{Mutex, PoisonError};
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::ffi;
@@ -17,7 +30,10 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 
 use crate::cpython::tuple_fill;
 use crate::launch::{launch_from_plan, CompiledLaunch, Launcher};
-use crate::torch::TorchAlloc;
+use crate::torch::{TorchAlloc, TorchCurrent};
+
+/// The most elements an intermediate the plan keeps between replays may span (module docs).
+const KEPT_MAX_ELEMENTS: i64 = 16384;
 
 /// Where a step's argument (or the result) comes from.
 pub(super) enum Src {
@@ -54,6 +70,8 @@ enum Target {
         dtype: i32,
         index: i32,
         fallback: Py<PyAny>,
+        /// Where the result is an intermediate the plan keeps between replays (module docs).
+        kept: Option<Box<Kept>>,
     },
     /// `torch.empty_like(args[0], **kw)` made natively for a plain dense CUDA tensor (of `dtype` where
     /// the recording named another), else `fallback(*args, **kw)`. The keyword arguments change nothing
@@ -66,6 +84,115 @@ struct Step {
     args: Box<[Src]>,
     /// Names of the last `kwnames.len()` sources in `args`.
     kwnames: Option<Py<PyTuple>>,
+}
+
+/// The tensor an intermediate step keeps between replays, with the stream it was last used on.
+struct Kept {
+    current: Py<TorchCurrent>,
+    /// `torch._C._get_deterministic_algorithms`: while it is true torch may fill new memory, and
+    /// nothing is kept.
+    deterministic: Py<PyAny>,
+    index: i32,
+    tensor: Mutex<Option<(u64, Py<PyAny>)>>,
+}
+
+impl Kept {
+    /// The current stream of the step's device, when an intermediate may be kept on it (no capture).
+    fn stream(&self) -> Option<u64> {
+        let s = self.current.get().stream_of(self.index)?;
+        match crate::cuda::driver().ok()?.capturing(s)? {
+            false => Some(s),
+            true => None,
+        }
+    }
+
+    /// `stream()`, where torch is not set to fill the memory it allocates.
+    fn usable(&self, py: Python<'_>) -> Option<u64> {
+        match self.deterministic.bind(py).call0() {
+            Ok(v) if v.is(&*pyo3::types::PyBool::new(py, false)) => self.stream(),
+            Ok(_) => None,
+            Err(e) => {
+                drop(e);
+                None
+            }
+        }
+    }
+
+    /// The kept tensor, taken out, when it was last used on `stream` and nothing else holds it.
+    fn take<'py>(&self, py: Python<'py>, stream: u64) -> Option<Bound<'py, PyAny>> {
+        let mut g = self.tensor.lock().unwrap_or_else(PoisonError::into_inner);
+        match g.as_ref() {
+            // SAFETY: a live object of ours; reading its reference count.
+            Some((s, t)) if *s == stream && unsafe { ffi::Py_REFCNT(t.as_ptr()) } == 1 => {
+                g.take().map(|(_, t)| t.into_bound(py))
+            }
+            _ => None,
+        }
+    }
+
+    /// Keep `t`, last used on `stream`, for the next replay.
+    fn keep(&self, stream: u64, t: &Bound<'_, PyAny>) {
+        let old =
+            self.tensor.lock().unwrap_or_else(PoisonError::into_inner).replace((stream, t.clone().unbind()));
+        drop(old); // released after the lock (a tensor's deallocation may run Python code)
+    }
+}
+
+/// Whether `src` names step `j`'s result, or anything inside or built from it.
+fn names(src: &Src, j: usize) -> bool {
+    match src {
+        Src::Slot(k) | Src::SlotItem(k, _) => *k == j,
+        Src::Tuple(items) | Src::List(items) => items.iter().any(|s| names(s, j)),
+        _ => false,
+    }
+}
+
+/// The number of elements a tensor of `sizes` and `strides` spans in its storage (None: a negative
+/// stride or an overflow).
+fn extent(sizes: &[i64], strides: &[i64]) -> Option<i64> {
+    if sizes.contains(&0) {
+        return Some(0);
+    }
+    sizes.iter().zip(strides).try_fold(1i64, |acc, (&n, &st)| {
+        if st < 0 || n < 0 {
+            return None;
+        }
+        acc.checked_add((n - 1).checked_mul(st)?)
+    })
+}
+
+/// Marks the allocations of `steps` that are intermediates the plan may keep (module docs).
+fn mark_kept(py: Python<'_>, steps: &mut [Step], ret: &Src, current: &Py<TorchCurrent>, det: &Py<PyAny>) {
+    for j in 0..steps.len() {
+        let (later, this) = {
+            let (head, tail) = steps.split_at_mut(j + 1);
+            (&*tail, &mut head[j])
+        };
+        let Target::Empty { sizes, strides, index, kept, .. } = &mut this.target else { continue };
+        if extent(sizes, strides).is_none_or(|n| n > KEPT_MAX_ELEMENTS) || names(ret, j) {
+            continue;
+        }
+        let mut launches = 0;
+        let only_launches = later.iter().all(|step| {
+            step.args.iter().filter(|a| names(a, j)).all(|a| match (&step.target, a) {
+                (Target::Compiled { launch, .. }, Src::Slot(_))
+                    if launch.get().device_index() == i64::from(*index) =>
+                {
+                    launches += 1;
+                    true
+                }
+                _ => false,
+            })
+        });
+        if only_launches && launches > 0 {
+            *kept = Some(Box::new(Kept {
+                current: current.clone_ref(py),
+                deterministic: det.clone_ref(py),
+                index: *index,
+                tensor: Mutex::new(None),
+            }));
+        }
+    }
 }
 
 /// A recorded call (see the module docs): built by `jitkey.dsl` from its recording, run by `_Site`.
@@ -229,6 +356,9 @@ impl Plan {
         // Step results, as owned references (released when the replay ends).
         let mut results: Vec<Bound<'py, PyAny>> = Vec::with_capacity(self.steps.len());
         let mut slots: Vec<*mut ffi::PyObject> = Vec::with_capacity(self.steps.len());
+        // The intermediates this replay may keep: (step, kept, stream), and whether a launch declined.
+        let mut keeping: Vec<(usize, &Kept, u64)> = Vec::new();
+        let mut declined = false;
         for step in self.steps.iter() {
             let mut held = Held(Vec::new());
             let mut ptrs: Vec<*mut ffi::PyObject> = Vec::with_capacity(step.args.len());
@@ -244,8 +374,13 @@ impl Plan {
                     launch_from_plan(py, l.get(), ptrs[0], &ptrs[1..npos], &ptrs[npos..], kw)?
                 }
                 Target::Call(f) => call(py, f.bind(py), &ptrs[..npos], step.kwnames.as_ref(), &ptrs[npos..])?,
-                Target::Empty { alloc, sizes, strides, dtype, index, fallback } => {
-                    match alloc.get().empty_cuda(py, sizes, strides, *dtype, *index) {
+                Target::Empty { alloc, sizes, strides, dtype, index, fallback, kept } => {
+                    let keep = kept.as_deref().and_then(|k| Some((k, k.usable(py)?)));
+                    let reused = keep.and_then(|(k, s)| k.take(py, s));
+                    if let Some((k, s)) = keep {
+                        keeping.push((slots.len(), k, s));
+                    }
+                    match reused.or_else(|| alloc.get().empty_cuda(py, sizes, strides, *dtype, *index)) {
                         Some(t) => t,
                         None => {
                             call(py, fallback.bind(py), &ptrs[..npos], step.kwnames.as_ref(), &ptrs[npos..])?
@@ -262,13 +397,16 @@ impl Plan {
                 Target::Compiled { launch, nfast, fallback } => {
                     match launch.get().launch(py, ptrs[0], &ptrs[1..*nfast])? {
                         Some(out) => out,
-                        None => call(
-                            py,
-                            fallback.bind(py),
-                            &ptrs[*nfast..npos],
-                            step.kwnames.as_ref(),
-                            &ptrs[npos..],
-                        )?,
+                        None => {
+                            declined = true;
+                            call(
+                                py,
+                                fallback.bind(py),
+                                &ptrs[*nfast..npos],
+                                step.kwnames.as_ref(),
+                                &ptrs[npos..],
+                            )?
+                        }
                     }
                 }
             };
@@ -279,6 +417,15 @@ impl Plan {
         let mut held = Held(Vec::new());
         // SAFETY: as above.
         let r = unsafe { resolve(py, &self.ret, args, &slots, &mut held)? };
+        if !declined {
+            for (j, k, s) in keeping {
+                let t = &results[j];
+                // SAFETY: a live result; reading its reference count (1: only this replay holds it).
+                if unsafe { ffi::Py_REFCNT(t.as_ptr()) } == 1 && k.stream() == Some(s) {
+                    k.keep(s, t);
+                }
+            }
+        }
         // SAFETY: r is live (held, a result, an argument or a constant); a new reference for the caller.
         Ok(unsafe { Bound::from_borrowed_ptr(py, r) })
     }
@@ -335,7 +482,7 @@ impl Plan {
     /// ``(owner, name, value)``. ``bound``: the plan is one call of the DSL's bound call (counted
     /// as such, not as a replay).
     #[new]
-    #[pyo3(signature = (nargs, steps, ret, guard = None, bound = false))]
+    #[pyo3(signature = (nargs, steps, ret, guard = None, bound = false, keep = None))]
     fn new(
         py: Python<'_>,
         nargs: usize,
@@ -343,6 +490,7 @@ impl Plan {
         ret: &Bound<'_, PyAny>,
         guard: Option<(Py<PyAny>, Bound<'_, PyString>, Py<PyAny>)>,
         bound: bool,
+        keep: Option<(Py<TorchCurrent>, Py<PyAny>)>,
     ) -> PyResult<Self> {
         let mut out = Vec::new();
         for (j, s) in steps.try_iter()?.enumerate() {
@@ -407,6 +555,7 @@ impl Plan {
                             dtype,
                             index,
                             fallback,
+                            kept: None,
                         },
                         None => Target::Call(fallback), // a dtype the shim does not name: torch's call
                     }
@@ -439,6 +588,9 @@ impl Plan {
         }
         let nsteps = out.len();
         let ret = parse_src(ret, nargs, nsteps)?;
+        if let Some((current, det)) = &keep {
+            mark_kept(py, &mut out, &ret, current, det);
+        }
         let guard =
             guard.map(|(o, n, v)| (o, PyString::intern(py, n.to_str().unwrap_or_default()).unbind(), v));
         Ok(Self { steps: out.into_boxed_slice(), ret, guard, nargs, bound })
@@ -473,6 +625,28 @@ impl Plan {
         Ok(out)
     }
 
+    /// Per step, the intermediate it keeps between replays (module docs): the tensor now kept,
+    /// ``None`` where none is kept yet, ``False`` for a step that keeps nothing.
+    #[getter]
+    fn kept<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyList>> {
+        let out = pyo3::types::PyList::empty(py);
+        for s in self.steps.iter() {
+            match &s.target {
+                Target::Empty { kept: Some(k), .. } => {
+                    let t = k
+                        .tensor
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .as_ref()
+                        .map(|(_, t)| t.clone_ref(py));
+                    out.append(t)?;
+                }
+                _ => out.append(false)?,
+            }
+        }
+        Ok(out)
+    }
+
     /// Whether the plan is one call of the DSL's bound call.
     #[getter]
     fn bound(&self) -> bool {
@@ -501,7 +675,15 @@ impl Plan {
                     visit.call(launch)?;
                     visit.call(fallback)?;
                 }
-                Target::Empty { alloc, fallback, .. } | Target::EmptyLike { alloc, fallback, .. } => {
+                Target::Empty { alloc, fallback, kept, .. } => {
+                    visit.call(alloc)?;
+                    visit.call(fallback)?;
+                    if let Some(k) = kept {
+                        visit.call(&k.current)?;
+                        visit.call(&k.deterministic)?;
+                    }
+                }
+                Target::EmptyLike { alloc, fallback, .. } => {
                     visit.call(alloc)?;
                     visit.call(fallback)?;
                 }

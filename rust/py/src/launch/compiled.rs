@@ -126,6 +126,11 @@ impl CompiledLaunch {
         Ok(Hooks { version, runtime, enter, exit })
     }
 
+    /// The index of the device the kernel was loaded on (where it launches), -1 when not an int.
+    pub(crate) fn device_index(&self) -> i64 {
+        self.dev
+    }
+
     /// `ck[grid](*params)`: `grid` is a tuple of three ints. `Ok(None)`: declined, because a
     /// pointer's alignment is not the one the kernel was chosen for.
     pub(crate) fn launch<'py>(
