@@ -2,6 +2,9 @@
 
     python scripts/compare_junit.py plain.xml jitkey.xml [--json out.json]
 
+Either side may be a glob pattern (quoted: ``'out/flaggems-plain-*.xml'``): the shards of a sharded run
+(``SHARDS=N scripts/gpu_clients.sh``), merged.
+
 Prints passed/failed/skipped counts of each run and every regression (passed plain, not passed with jitkey).
 Exit status 1 when there is a regression.
 """
@@ -9,6 +12,7 @@ Exit status 1 when there is a regression.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import sys
 import xml.etree.ElementTree as ET
@@ -31,13 +35,24 @@ def outcomes(path: str) -> dict[str, str]:
     return out
 
 
+def merged(pattern: str) -> dict[str, str]:
+    """``outcomes`` of one file, or of every file a glob pattern matches (the shards of one run), merged."""
+    paths = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+    if not paths:
+        raise SystemExit(f"no JUnit XML matches {pattern}")
+    out: dict[str, str] = {}
+    for path in paths:
+        out.update(outcomes(path))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("plain")
     ap.add_argument("jitkey")
     ap.add_argument("--json")
     a = ap.parse_args()
-    p, j = outcomes(a.plain), outcomes(a.jitkey)
+    p, j = merged(a.plain), merged(a.jitkey)
     count = lambda d, s: sum(v == s for v in d.values())  # noqa: E731
     # a test the jitkey run did not reach (a run stopped at its time limit) is not a regression: counted apart
     regressions = sorted(n for n, s in p.items() if s == "passed" and j.get(n, "passed") != "passed")

@@ -14,6 +14,9 @@
 # Needs jitkey importable (PYTHONPATH) and pytest-xdist. Writes JUnit XML, the fast-path report and the
 # comparison under $OUT (or ./gpu_clients_out). Each run gets its own TRITON_CACHE_DIR, so both compile.
 # SUITE_TIMEOUT (s) stops a run with SIGINT: pytest still writes the JUnit XML of the tests it finished.
+# SHARDS=N (default 1): each mode runs as N processes at once, shard k on GPU k % (the GPUs nvidia-smi lists),
+# both modes side by side; a test's shard is the crc32 of its node id (scripts/pytest_shard.py), so the two runs
+# of a shard run the same tests. The comparison merges the shards' XML; the shards' files end up in one archive.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 suite="$1"; shift
@@ -32,17 +35,34 @@ esac
 # The suite's own settings only: without an ini of its own, pytest would take jitkey's pyproject.toml (the
 # suite sits inside this repository), whose filterwarnings=error and addopts are not the suite's.
 [[ -e "$dir/pytest.ini" || -e "$dir/pyproject.toml" || -e "$dir/setup.cfg" ]] || printf '[pytest]\n' > "$dir/pytest.ini"
-run() {  # $1 = plain|jitkey
-  local tag="$1"; shift
-  local plugin=(-p jitkey.pytest_plugin --jitkey-report-json="$OUTDIR/$suite-$tag-report.json")
+shards="${SHARDS:-1}"
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); (( gpus > 0 )) || gpus=1
+run() {  # $1 = plain|jitkey, $2 = shard index; the rest: pytest arguments
+  local tag="$1" k="$2"; shift 2
+  local name="$suite-$tag"; (( shards > 1 )) && name="$suite-$tag-$k"
+  local plugin=(-p jitkey.pytest_plugin --jitkey-report-json="$OUTDIR/$name-report.json")
   [[ "$tag" == plain ]] && plugin+=(--jitkey-off)
   [[ "$tag" == jitkey && "$dsl" == 1 ]] && plugin+=(--jitkey-integrations)
-  ( cd "$dir" && FLAGGEMS_CACHE_DIR="$(mktemp -d)" TRITON_CACHE_DIR="$(mktemp -d)" TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" timeout -s INT -k 30 "${SUITE_TIMEOUT:-280}" "$PY" -m pytest -q -p no:cacheprovider \
-      --tb=line -o junit_family=xunit2 --junitxml="$OUTDIR/$suite-$tag.xml" "${plugin[@]}" "$@" ) \
-      > "$OUTDIR/$suite-$tag.log" 2>&1
-  echo "[$suite/$tag] exit $? · $(tail -n 1 "$OUTDIR/$suite-$tag.log")"
+  local shard=()
+  (( shards > 1 )) && shard=(-p pytest_shard)
+  ( cd "$dir" && export PYTHONPATH="$root/scripts${PYTHONPATH:+:$PYTHONPATH}" && \
+      { (( shards > 1 )) && export JITKEY_SHARD="$k/$shards" CUDA_VISIBLE_DEVICES=$((k % gpus)) || true; } && \
+      FLAGGEMS_CACHE_DIR="$(mktemp -d)" TRITON_CACHE_DIR="$(mktemp -d)" TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" \
+      timeout -s INT -k 60 "${SUITE_TIMEOUT:-280}" "$PY" -m pytest -q -p no:cacheprovider "${shard[@]}" \
+      --tb=line -o junit_family=xunit2 --junitxml="$OUTDIR/$name.xml" "${plugin[@]}" "$@" ) \
+      > "$OUTDIR/$name.log" 2>&1
+  echo "[$suite/$tag${shard:+ shard $k/$shards}] exit $? · $(tail -n 1 "$OUTDIR/$name.log")"
 }
-run plain "$@"
-run jitkey "$@"
-grep -A 30 "jitkey fast-path report" "$OUTDIR/$suite-jitkey.log" | head -n 40
-"$PY" scripts/compare_junit.py "$OUTDIR/$suite-plain.xml" "$OUTDIR/$suite-jitkey.xml" --json "$OUTDIR/$suite-compare.json" | head -n 40
+if (( shards > 1 )); then
+  for ((k = 0; k < shards; k++)); do run plain "$k" "$@" & run jitkey "$k" "$@" & done
+  wait
+  "$PY" scripts/compare_junit.py "$OUTDIR/$suite-plain-*.xml" "$OUTDIR/$suite-jitkey-*.xml" \
+    --json "$OUTDIR/$suite-compare.json" | head -n 40
+  # The shards' XML, logs and reports in one archive (a device that returns only a few files gets them all).
+  ( cd "$OUTDIR" && tar czf "$suite-shards.tgz" "$suite"-plain-* "$suite"-jitkey-* && rm -f "$suite"-plain-* "$suite"-jitkey-* )
+else
+  run plain 0 "$@"
+  run jitkey 0 "$@"
+  grep -A 30 "jitkey fast-path report" "$OUTDIR/$suite-jitkey.log" | head -n 40
+  "$PY" scripts/compare_junit.py "$OUTDIR/$suite-plain.xml" "$OUTDIR/$suite-jitkey.xml" --json "$OUTDIR/$suite-compare.json" | head -n 40
+fi
