@@ -13,10 +13,16 @@
 #
 # Needs jitkey importable (PYTHONPATH) and pytest-xdist. Writes JUnit XML, the fast-path report and the
 # comparison under $OUT (or ./gpu_clients_out). Each run gets its own TRITON_CACHE_DIR, so both compile.
-# SUITE_TIMEOUT (s) stops a run with SIGINT: pytest still writes the JUnit XML of the tests it finished.
+# SUITE_TIMEOUT (s, default 280) stops a run at the first test boundary after it (JITKEY_DEADLINE of
+# scripts/pytest_shard.py: pytest still writes the JUnit XML of the tests it finished); GRACE (s, default 60) later
+# a run still inside one test gets SIGINT (which may abort it inside a compiler, losing its XML).
 # SHARDS=N (default 1): each mode runs as N processes at once, shard k on GPU k % (the GPUs nvidia-smi lists),
 # both modes side by side; a test's shard is the crc32 of its node id (scripts/pytest_shard.py), so the two runs
 # of a shard run the same tests. The comparison merges the shards' XML; the shards' files end up in one archive.
+# Many processes on one GPU can run it out of memory (FlagGems' suite at 12 per GPU did, in both modes, and a
+# CUDA context that hit it fails its later tests too): keep to about 4 processes per GPU per mode, and let
+# RERUN_TIMEOUT (s, default 0 = off) rerun the tests that passed plain and not with jitkey, alone in both modes
+# (one process per GPU per mode, JITKEY_ONLY of scripts/pytest_shard.py); the rerun's comparison is the verdict.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 suite="$1"; shift
@@ -27,7 +33,10 @@ dsl=0
 case "$suite" in
   triton) dir=.clients/triton ;;
   liger) dir=.clients/liger; export PYTHONPATH="$root/.clients/liger/src:$root/.clients/liger${PYTHONPATH:+:$PYTHONPATH}" ;;
-  helion) dir=.clients/helion; dsl=1 ;;
+  helion) dir=.clients/helion; dsl=1
+    # Helion's tests load its examples from <the helion package>/../examples: point that at the copy here.
+    site=$("$PY" -c 'import helion, os; print(os.path.dirname(os.path.dirname(helion.__file__)))') || exit 2
+    [[ -e "$site/examples" ]] || ln -s "$root/.clients/helion/examples" "$site/examples" || exit 2 ;;
   flaggems) dir=.clients/flaggems; dsl=1; export GEMS_VENDOR=nvidia ;;
   torch) dir=.clients/torch_tests ;;
   *) echo "unknown suite $suite"; exit 2 ;;
@@ -37,32 +46,53 @@ esac
 [[ -e "$dir/pytest.ini" || -e "$dir/pyproject.toml" || -e "$dir/setup.cfg" ]] || printf '[pytest]\n' > "$dir/pytest.ini"
 shards="${SHARDS:-1}"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); (( gpus > 0 )) || gpus=1
-run() {  # $1 = plain|jitkey, $2 = shard index; the rest: pytest arguments
-  local tag="$1" k="$2"; shift 2
-  local name="$suite-$tag"; (( shards > 1 )) && name="$suite-$tag-$k"
+run() {  # $1 = run label (e.g. flaggems-plain-3), $2 = plain|jitkey, $3 = shard index, $4 = shards; the rest: pytest arguments
+  local name="$1" tag="$2" k="$3" n="$4"; shift 4
   local plugin=(-p jitkey.pytest_plugin --jitkey-report-json="$OUTDIR/$name-report.json")
   [[ "$tag" == plain ]] && plugin+=(--jitkey-off)
   [[ "$tag" == jitkey && "$dsl" == 1 ]] && plugin+=(--jitkey-integrations)
-  local shard=()
-  (( shards > 1 )) && shard=(-p pytest_shard)
   ( cd "$dir" && export PYTHONPATH="$root/scripts${PYTHONPATH:+:$PYTHONPATH}" && \
-      { (( shards > 1 )) && export JITKEY_SHARD="$k/$shards" CUDA_VISIBLE_DEVICES=$((k % gpus)) || true; } && \
+      { (( n > 1 )) && export JITKEY_SHARD="$k/$n" CUDA_VISIBLE_DEVICES=$((k % gpus)) || true; } && \
       FLAGGEMS_CACHE_DIR="$(mktemp -d)" TRITON_CACHE_DIR="$(mktemp -d)" TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" \
-      timeout -s INT -k 60 "${SUITE_TIMEOUT:-280}" "$PY" -m pytest -q -p no:cacheprovider "${shard[@]}" \
-      --tb=line -o junit_family=xunit2 --junitxml="$OUTDIR/$name.xml" "${plugin[@]}" "$@" ) \
-      > "$OUTDIR/$name.log" 2>&1
-  echo "[$suite/$tag${shard:+ shard $k/$shards}] exit $? · $(tail -n 1 "$OUTDIR/$name.log")"
+      JITKEY_DEADLINE=$(( $(date +%s) + ${TIME_LIMIT:-${SUITE_TIMEOUT:-280}} )) \
+      timeout -s INT -k 60 $(( ${TIME_LIMIT:-${SUITE_TIMEOUT:-280}} + ${GRACE:-60} )) "$PY" -m pytest -q \
+      -p no:cacheprovider -p pytest_shard --tb=line -o junit_family=xunit2 --junitxml="$OUTDIR/$name.xml" \
+      "${plugin[@]}" "$@" ) > "$OUTDIR/$name.log" 2>&1
+  local rc=$? where=""
+  (( n > 1 )) && where=" shard $k/$n"
+  echo "[$name$where] exit $rc · $(tail -n 1 "$OUTDIR/$name.log")"
 }
+both() {  # $1 = label prefix, $2 = shards; the rest: pytest arguments. Both modes, every shard, side by side.
+  local label="$1" n="$2"; shift 2
+  if (( n > 1 )); then
+    for ((k = 0; k < n; k++)); do
+      run "$label-plain-$k" plain "$k" "$n" "$@" & run "$label-jitkey-$k" jitkey "$k" "$n" "$@" &
+    done
+    wait
+    "$PY" scripts/compare_junit.py "$OUTDIR/$label-plain-*.xml" "$OUTDIR/$label-jitkey-*.xml" \
+      --json "$OUTDIR/$label-compare.json" > "$OUTDIR/$label-compare.txt"
+    [[ "$(ls "$OUTDIR/$label-jitkey-"*-report.json 2>/dev/null)" ]] && \
+      "$PY" scripts/merge_reports.py "$OUTDIR/$label-report.json" "$OUTDIR/$label-jitkey-"*-report.json \
+        > "$OUTDIR/$label-report.txt"
+  else
+    run "$label-plain" plain 0 1 "$@"
+    run "$label-jitkey" jitkey 0 1 "$@"
+    grep -A 30 "jitkey fast-path report" "$OUTDIR/$label-jitkey.log" > "$OUTDIR/$label-report.txt"
+    "$PY" scripts/compare_junit.py "$OUTDIR/$label-plain.xml" "$OUTDIR/$label-jitkey.xml" \
+      --json "$OUTDIR/$label-compare.json" > "$OUTDIR/$label-compare.txt"
+  fi
+  head -n 40 "$OUTDIR/$label-compare.txt"; head -n 60 "$OUTDIR/$label-report.txt" 2>/dev/null
+}
+both "$suite" "$shards" "$@"
+if (( ${RERUN_TIMEOUT:-0} > 0 )) && "$PY" -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))["regressions"] else 1)' \
+    "$OUTDIR/$suite-compare.json" 2>/dev/null; then
+  "$PY" -c 'import json, sys; print("\n".join(json.load(open(sys.argv[1]))["regressions"]))' \
+    "$OUTDIR/$suite-compare.json" > "$OUTDIR/$suite-rerun.names"
+  echo "== rerun alone, both modes: $(wc -l < "$OUTDIR/$suite-rerun.names") tests that passed plain and not with jitkey"
+  n=$gpus; (( n > 1 )) || n=1
+  JITKEY_ONLY="$OUTDIR/$suite-rerun.names" TIME_LIMIT="$RERUN_TIMEOUT" both "$suite-rerun" "$n" "$@"
+fi
+# The shards' XML, logs and reports in one archive (a device that returns only a few files gets them all).
 if (( shards > 1 )); then
-  for ((k = 0; k < shards; k++)); do run plain "$k" "$@" & run jitkey "$k" "$@" & done
-  wait
-  "$PY" scripts/compare_junit.py "$OUTDIR/$suite-plain-*.xml" "$OUTDIR/$suite-jitkey-*.xml" \
-    --json "$OUTDIR/$suite-compare.json" | head -n 40
-  # The shards' XML, logs and reports in one archive (a device that returns only a few files gets them all).
-  ( cd "$OUTDIR" && tar czf "$suite-shards.tgz" "$suite"-plain-* "$suite"-jitkey-* && rm -f "$suite"-plain-* "$suite"-jitkey-* )
-else
-  run plain 0 "$@"
-  run jitkey 0 "$@"
-  grep -A 30 "jitkey fast-path report" "$OUTDIR/$suite-jitkey.log" | head -n 40
-  "$PY" scripts/compare_junit.py "$OUTDIR/$suite-plain.xml" "$OUTDIR/$suite-jitkey.xml" --json "$OUTDIR/$suite-compare.json" | head -n 40
+  ( cd "$OUTDIR" && tar czf "$suite-shards.tgz" "$suite"-*plain-* "$suite"-*jitkey-* && rm -f "$suite"-*plain-* "$suite"-*jitkey-* )
 fi

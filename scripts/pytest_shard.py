@@ -3,11 +3,20 @@
 A test belongs to shard ``crc32(node id) % N``, so the plain and the jitkey run of one shard run the same tests
 and the shards of a suite spread its heavy files across processes (and GPUs). Without ``JITKEY_SHARD`` it does
 nothing.
+
+With ``JITKEY_ONLY=FILE``, only the tests FILE names run, one per line as JUnit XML and ``compare_junit.py``
+name them (``classname::name``): the rerun of a comparison's regressions.
+
+With ``JITKEY_DEADLINE=T`` (seconds since the epoch), the session stops at the first test boundary after ``T``
+the way ``-x`` stops it: the test under way finishes and pytest still writes its JUnit XML. A signal would have
+to land between tests for that: one that lands inside a compiler's C++ code aborts the process, and the XML of
+every test it ran is lost.
 """
 
 from __future__ import annotations
 
 import os
+import time
 import zlib
 
 import pytest
@@ -18,7 +27,23 @@ def shard_of(nodeid: str, n: int) -> int:
     return zlib.crc32(nodeid.encode()) % n
 
 
+def junit_name(nodeid: str) -> str:
+    """A test's name as pytest's JUnit XML writes it (``classname::name``), from its node id."""
+    from _pytest.junitxml import mangle_test_address
+
+    names = mangle_test_address(nodeid)
+    return ".".join(names[:-1]) + "::" + names[-1]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    only = os.environ.get("JITKEY_ONLY")
+    if only:
+        with open(only, encoding="utf-8") as f:
+            wanted = {line.strip() for line in f if line.strip()}
+        drop = [it for it in items if junit_name(it.nodeid) not in wanted]
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+        items[:] = [it for it in items if junit_name(it.nodeid) in wanted]
     spec = os.environ.get("JITKEY_SHARD")
     if not spec:
         return
@@ -30,3 +55,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
     items[:] = keep
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    deadline = os.environ.get("JITKEY_DEADLINE")
+    if deadline and nextitem is not None and time.time() >= float(deadline):
+        item.session.shouldstop = f"JITKEY_DEADLINE passed: stopped before {nextitem.nodeid}"
