@@ -382,19 +382,38 @@ def test_flag_gems_logging_runs_their_own_path(gems_on):
 
     import flag_gems
 
+    why = "FlagGems' logger would record the call (DEBUG)"
     x = torch.randn(1024, device=DEV)
     for _ in range(3):
         flag_gems.exp(x)
     lg = logging.getLogger("flag_gems.ops.exp")
-    old = lg.level
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    h = Keep(logging.DEBUG)
+    old = lg.level, lg.propagate
     lg.setLevel(logging.DEBUG)
+    lg.addHandler(h)
     try:
-        before = gems_on.report()["fallback_reasons"].get("FlagGems' logger is on for DEBUG", 0)
+        before = gems_on.report()["fallback_reasons"].get(why, 0)
         flag_gems.exp(x)
-        after = gems_on.report()["fallback_reasons"].get("FlagGems' logger is on for DEBUG", 0)
+        after = gems_on.report()["fallback_reasons"].get(why, 0)
+        assert after == before + 1 and records, (before, after, records)  # logged as FlagGems logs it
+        # What use_gems(record=True) leaves on exit: DEBUG, no handler, propagate off: nothing is recorded,
+        # so the call replays.
+        lg.removeHandler(h)
+        lg.propagate = False
+        replays = gems_on.report()["replays"]
+        flag_gems.exp(x)
+        assert gems_on.report()["fallback_reasons"].get(why, 0) == after
+        assert gems_on.report()["replays"] > replays
     finally:
-        lg.setLevel(old)
-    assert after == before + 1
+        lg.removeHandler(h)
+        lg.setLevel(old[0])
+        lg.propagate = old[1]
 
 
 # ---------------------------------------------------------------------------------------------------------

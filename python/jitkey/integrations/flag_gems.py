@@ -16,8 +16,10 @@ and ``flag_gems.ops``), so a warm op call is keyed natively and replays what the
 * **Not replayed** (counted): calls ``LibEntry`` compiles or tunes (the next call records), ops whose Python
   reads tensor data or pointers for its own decisions, draws from torch's random number generators
   (FlagGems' philox offsets), makes a launch jitkey cannot capture, or captures tensors in a grid function;
-  ops with ``*args``. While FlagGems' logger is enabled for DEBUG (``use_gems(record=True)``), ops run
-  FlagGems' own path, so every call is logged as FlagGems logs it.
+  ops with ``*args``. While FlagGems' logger would record a call (DEBUG with a handler that takes the
+  record: ``use_gems(record=True)``), ops run FlagGems' own path, so every call is logged as FlagGems logs it;
+  a logger left at DEBUG with no handler (as ``use_gems(record=True)`` leaves it on exit) records nothing, and
+  replays go on.
 
 Call :func:`install` (or :func:`jitkey.install`) before ``flag_gems.enable()`` / ``use_gems()`` register the
 ops with torch: registrations made earlier keep FlagGems' own functions. Supported: FlagGems 5.0.0.
@@ -238,13 +240,43 @@ def _sb_init(self: Any, *args: Any, **kwargs: Any) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _logs_debug(logger: logging.Logger) -> bool:
+    """Whether ``logger.debug(...)`` would do anything: a handler would take the record, a filter or a custom
+    logger or record class would see it, or logging would warn once that no handler exists. A replay skips the
+    op's own ``logger.debug`` call, so it may run only where that call does nothing. (``use_gems(record=True)``
+    removes its file handler on exit but leaves FlagGems' logger at DEBUG with ``propagate`` off: its records
+    then go nowhere, and replays go on.) Mirrors ``logging.Logger.handle``/``callHandlers``."""
+    if not logger.isEnabledFor(logging.DEBUG):  # the common case: one cached lookup
+        return False
+    if (
+        type(logger) is not logging.Logger
+        or logger.filters
+        or logging.getLogRecordFactory() is not logging.LogRecord
+    ):
+        return True
+    found = False
+    c: logging.Logger | None = logger
+    while c is not None:
+        for h in c.handlers:
+            found = True
+            if h.level <= logging.DEBUG:
+                return True
+        c = c.parent if c.propagate else None
+    if found:
+        return False
+    last = logging.lastResort
+    if last is not None:
+        return last.level <= logging.DEBUG
+    return bool(logging.raiseExceptions) and not logger.manager.emittedNoHandlerWarning
+
+
 def _make_site(fn: Any) -> Any:
     name = getattr(fn, "__name__", "op")
     try:
         logger = logging.getLogger(fn.__module__)
         checks: list[tuple[Any, str]] = [
             *dsl._default_checks(),
-            (functools.partial(logger.isEnabledFor, logging.DEBUG), "FlagGems' logger is on for DEBUG"),
+            (functools.partial(_logs_debug, logger), "FlagGems' logger would record the call (DEBUG)"),
         ]
         site = dsl.Site(f"flag_gems:{name}", fn, lambda args: dsl.Bound(fn), fallback=fn, checks=checks)
     except Exception as exc:  # e.g. *args: FlagGems' own function, counted
