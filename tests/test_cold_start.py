@@ -83,6 +83,28 @@ def test_import_and_decoration_leave_everything_to_the_first_launch(tmp_path: Pa
     assert rep["problem"] is None and rep["after_registry"] == 1 and rep["ready"] is True
 
 
+def test_install_imports_the_redis_tier_only_when_it_is_configured(tmp_path: Path) -> None:
+    """``install()`` runs at a kernel library's import: without ``JITKEY_REMOTE_CACHE`` it asks the variable and
+    imports nothing of the tier (``jitkey.remote`` and its protocol module cost about as much as the rest of
+    ``install()``); with it, Triton's cache manager is the tiered one, as before."""
+    code = """
+        import json, os, sys
+        import torch, triton
+        from triton import knobs
+        import jitkey.triton as jt
+        before = set(sys.modules)
+        jt.install()
+        imported = sorted(m for m in set(sys.modules) - before if m.startswith("jitkey"))
+        manager = knobs.cache.manager_class
+        print(json.dumps({"imported": imported, "manager": None if manager is None else manager.__name__}))
+        """
+    off = run_child(code, cache=tmp_path / "off")
+    assert off["manager"] is None
+    assert {"jitkey.remote", "jitkey._resp"}.isdisjoint(off["imported"]), off["imported"]
+    on = run_child(code, cache=tmp_path / "on", JITKEY_REMOTE_CACHE="redis://127.0.0.1:1/0")
+    assert on["manager"] == "TieredCacheManager"
+
+
 def test_the_autotuner_imports_at_first_use_and_keeps_its_names(tmp_path: Path) -> None:
     rep = run_child(
         """

@@ -73,6 +73,14 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from jitkey import _deps, _resp
 from jitkey._core import DiskIndex, _key_digest, _TierBase, digest
+from jitkey._remote_env import (
+    ENV_BACKOFF,
+    ENV_CONNECT_TIMEOUT,
+    ENV_NAMESPACE,
+    ENV_SECRET,
+    ENV_TIMEOUT,
+    ENV_URL,
+)
 from jitkey.errors import (
     MissingDependencyError,
     RemoteCacheWarning,
@@ -103,12 +111,6 @@ REMOTE_FORMAT: Final[int] = 1
 """Version of the remote key layout and value envelope (part of every Redis key and value)."""
 ENVELOPE_MAGIC: Final[bytes] = b"JKR" + bytes([REMOTE_FORMAT])
 
-ENV_URL: Final[str] = "JITKEY_REMOTE_CACHE"
-ENV_NAMESPACE: Final[str] = "JITKEY_REMOTE_NAMESPACE"
-ENV_SECRET: Final[str] = "JITKEY_REMOTE_SECRET"
-ENV_TIMEOUT: Final[str] = "JITKEY_REMOTE_TIMEOUT"
-ENV_CONNECT_TIMEOUT: Final[str] = "JITKEY_REMOTE_CONNECT_TIMEOUT"
-ENV_BACKOFF: Final[str] = "JITKEY_REMOTE_BACKOFF"
 
 _DEFAULT_TIMEOUT: Final = 0.25
 _DEFAULT_CONNECT_TIMEOUT: Final = 0.5

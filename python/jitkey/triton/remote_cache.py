@@ -388,8 +388,8 @@ _installed_manager: list[Any] = []
 
 def _wire() -> None:
     """``install()``'s part: Triton's cache manager becomes :class:`TieredCacheManager` when
-    ``JITKEY_REMOTE_CACHE`` is set and no manager is configured. Never raises."""
-    from jitkey.remote import ENV_URL
+    ``JITKEY_REMOTE_CACHE`` is set and no manager is configured. Never raises; imports the tier only when set."""
+    from jitkey._remote_env import ENV_URL
 
     if not os.environ.get(ENV_URL) or _installed_manager:
         return
