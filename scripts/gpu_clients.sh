@@ -84,13 +84,13 @@ both() {  # $1 = label prefix, $2 = shards; the rest: pytest arguments. Both mod
   head -n 40 "$OUTDIR/$label-compare.txt"; head -n 60 "$OUTDIR/$label-report.txt" 2>/dev/null
 }
 both "$suite" "$shards" "$@"
-if (( ${RERUN_TIMEOUT:-0} > 0 )) && "$PY" -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))["regressions"] else 1)' \
-    "$OUTDIR/$suite-compare.json" 2>/dev/null; then
-  "$PY" -c 'import json, sys; print("\n".join(json.load(open(sys.argv[1]))["regressions"]))' \
-    "$OUTDIR/$suite-compare.json" > "$OUTDIR/$suite-rerun.names"
-  echo "== rerun alone, both modes: $(wc -l < "$OUTDIR/$suite-rerun.names") tests that passed plain and not with jitkey"
-  n=$gpus; (( n > 1 )) || n=1
-  JITKEY_ONLY="$OUTDIR/$suite-rerun.names" TIME_LIMIT="$RERUN_TIMEOUT" both "$suite-rerun" "$n" "$@"
+if (( ${RERUN_TIMEOUT:-0} > 0 )); then
+  "$PY" -c 'import json, sys; sys.stdout.writelines(n + "\n" for n in json.load(open(sys.argv[1]))["regressions"])' \
+    "$OUTDIR/$suite-compare.json" > "$OUTDIR/$suite-rerun.names" 2>/dev/null
+  if [[ -s "$OUTDIR/$suite-rerun.names" ]]; then
+    echo "== rerun alone, both modes: $(wc -l < "$OUTDIR/$suite-rerun.names") tests that passed plain and not with jitkey"
+    JITKEY_ONLY="$OUTDIR/$suite-rerun.names" TIME_LIMIT="$RERUN_TIMEOUT" both "$suite-rerun" "$gpus" "$@"
+  fi
 fi
 # The shards' XML, logs and reports in one archive (a device that returns only a few files gets them all).
 if (( shards > 1 )); then

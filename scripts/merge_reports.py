@@ -13,8 +13,6 @@ import json
 import sys
 from typing import Any
 
-import jitkey.dsl
-import jitkey.triton
 from jitkey import pytest_plugin
 
 
@@ -42,13 +40,9 @@ def main(argv: list[str]) -> int:
     if not reports:
         print("no report to merge", file=sys.stderr)
         return 1
-    merged: dict[str, Any] = jitkey.triton.merge_reports(reports, 20)
-    dsl = [r["dsl"] for r in reports if r.get("dsl")]
-    if dsl:
-        merged["dsl"] = jitkey.dsl.merge_reports(dsl, 20)
+    merged = pytest_plugin.merge(reports, 20)
     merged["workers_from_snapshots"] = sum(r.get("workers_from_snapshots", 0) for r in reports)
-    with open(argv[0], "w", encoding="utf-8") as f:
-        json.dump(merged, f, indent=1)
+    pytest_plugin._write_json(argv[0], merged)
     print(f"{len(reports)} reports merged")
     pytest_plugin._print(_Terminal(), merged)
     return 0

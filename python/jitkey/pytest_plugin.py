@@ -263,16 +263,22 @@ def _report(config: pytest.Config) -> dict[str, Any]:
     local = _local_report(config)
     if local is not None and (local["kernels"] or (local.get("dsl") or {}).get("sites")):
         reports.append(local)  # (a run whose kernels stayed Triton's may still have DSL sites)
+    merged = merge(reports, config.getoption("--jitkey-top"))
+    merged["workers_from_snapshots"] = len(snapshots)
+    return merged
+
+
+def merge(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
+    """Fast-path reports of several processes (``jitkey.triton.report()``s, or reports this plugin wrote) summed
+    into one, their DSL parts too; ``top``: the busiest kernels and sites kept."""
     import jitkey.triton
 
-    top = config.getoption("--jitkey-top")
     merged: dict[str, Any] = jitkey.triton.merge_reports(reports, top)
     dsl_reports = [r["dsl"] for r in reports if r.get("dsl")]
     if dsl_reports:
         import jitkey.dsl
 
         merged["dsl"] = jitkey.dsl.merge_reports(dsl_reports, top)
-    merged["workers_from_snapshots"] = len(snapshots)
     return merged
 
 
