@@ -529,6 +529,19 @@ def main() -> None:
         except Exception as exc:
             floor.setdefault("errors", []).append(type(exc).__name__)
     out["floor"] = floor
+    # the floor from Python: packed once, one launch per call, the same record as plan.launch
+    launched = lib.standin_launches()
+    packed = plan._packed(1, 1, 1, STREAM, None, 0x30000, 9)
+    packed_out: dict[str, Any] = {"made": lib.standin_launches() - launched}
+    packed.launch(), packed.launch()
+    packed_out["same"] = record() == one
+    packed_out["launches"] = lib.standin_launches() - launched
+    try:
+        plan._packed(1, 1, 1, STREAM, None, 0x30000)  # one parameter short: declined
+        packed_out["error"] = "no error"
+    except Exception as exc:
+        packed_out["error"] = type(exc).__name__
+    out["packed"] = packed_out
     json.dump(out, sys.stdout)
 
 

@@ -196,6 +196,13 @@ def test_the_driver_floor_packs_and_launches_as_a_launch_does(summary: dict) -> 
     assert floor["errors"] == ["ValueError", "TypeError"], floor
 
 
+def test_the_floor_from_python_launches_the_packed_call_once_per_call(summary: dict) -> None:
+    """``_LaunchPlan._packed(...)`` (the benches' floor from Python) packs as a launch does and launches
+    nothing until called; each call is one launch with the same record; a declined call raises ValueError."""
+    packed = summary["packed"]
+    assert packed == {"made": 0, "same": True, "launches": 2, "error": "ValueError"}, packed
+
+
 def test_no_current_context_retains_the_primary_context(summary: dict) -> None:
     assert summary["ctx_retains"] == 1
     triton_did, jitkey_did = summary["no_context"]

@@ -428,11 +428,25 @@ class _LaunchPlan:
 
         ``steps`` adds per launch what a hit does around the driver call: 1 the context check, 2 releasing
         and taking back the GIL, 4 packing the parameters again."""
+    def _packed(
+        self, gx: int, gy: int, gz: int, stream: int, device: int | None, *params: Any
+    ) -> _PackedLaunch:
+        """For benchmarks: the launch packed once, as :meth:`_floor` packs it; its ``launch()`` makes that
+        launch from Python. Raises ``ValueError`` as :meth:`_floor` does."""
     def counts(self) -> dict[str, Any]:
         """``{"launched": n, "declined": {reason: n}}``."""
     @property
     def nslots(self) -> int:
         """Parameter slots a launch passes (the two scratch pointers not included)."""
+
+@final
+class _PackedLaunch:
+    """Private (benchmarks): one launch packed once by :meth:`_LaunchPlan._packed`. ``launch()`` makes it
+    (the context check, ``cuLaunchKernelEx`` with the GIL released) and nothing else: a Python loop calling it
+    is the least a launch called from Python costs. Usable only on the thread that made it."""
+
+    def launch(self) -> None:
+        """The launch (a driver error raises ``RuntimeError`` as Triton's launcher words it)."""
 
 @final
 class _TritonLauncher:

@@ -13,7 +13,11 @@ The driver floor is the limit for a launch from Python: a native loop calling ``
 function with the parameters packed once (``_LaunchPlan._floor``). "floor + launch steps" is the same loop with
 what a jitkey hit does around each driver call added (the context check, the GIL hand-off, packing the
 parameters again): the gap from it to jitkey is the per-call work on the Python side (binding, the device
-and stream queries, the knob reads, the key and the lookup). Inductor's static launcher
+and stream queries, the knob reads, the key and the lookup). "floor from Python" is one Python call per launch
+of the parameters packed once (``_LaunchPlan._packed``): the least a launch called from Python costs;
+``_LaunchPlan.launch`` is one Python call that packs the parameters too (stream and device passed in): neither
+keys, looks up or reads Triton's state. "jitkey, empty grid" is a jitkey hit on the grid ``(0,)``, which
+Triton's launcher and jitkey's return from before the driver call: the hit's own work alone. Inductor's static launcher
 (``torch._inductor.runtime.static_triton_launcher.StaticallyLaunchedCudaKernel``) is timed through its
 ``run`` and through its C++ ``_launch_kernel`` called directly.
 """
@@ -251,11 +255,22 @@ def run_bench(batches: int = 100, launches: int = 200) -> dict[str, Any]:
             steps: Callable[[int], float] = functools.partial(_floor_batch, plan, g0, dev, args, steps=7)
             batch_impls["floor + launch steps"] = steps
             _check(f"{label} / floor + launch steps", functools.partial(steps, 1), out, ref)
+            # From Python: one call per launch of the parameters packed once (the least a launch called
+            # from Python costs), and one call that packs them too (`_LaunchPlan.launch`, stream and device
+            # passed as constants): neither keys, looks up or reads any Triton state.
+            stream = get_stream(dev)
+            impls["floor from Python"] = plan._packed(g0, 1, 1, stream, dev, *args).launch
+            impls["_LaunchPlan.launch"] = lambda plan=plan, args=args, g0=g0, s=stream: plan.launch(
+                g0, 1, 1, s, dev, *args
+            )
         for name, fn in impls.items():
             if name == "torch.add":
                 _check(f"{label} / {name}", fn, tmp_out, x0 + y0)
             else:
                 _check(f"{label} / {name}", fn, out, ref)
+        # Diagnostic: a jitkey hit whose grid is empty, which Triton's launcher (and jitkey's) returns from
+        # before the driver call: the hit's own work with no driver call in between to evict the CPU's caches.
+        impls["jitkey, empty grid"] = lambda jk=jk, args=args: jk[(0,)](*args)
         stats0 = jk.cache_stats()
         spread: dict[str, tuple[float, float]] = {}
         for name, per_batch in _time_interleaved(impls, batches, launches, batch_impls).items():
@@ -275,6 +290,8 @@ def run_bench(batches: int = 100, launches: int = 200) -> dict[str, Any]:
             row["jitkey / C launcher"] = row["jitkey"] / row["C launcher direct"]
         if "driver floor" in row:
             row["jitkey / driver floor"] = row["jitkey"] / row["driver floor"]
+            row["jitkey / floor from Python"] = row["jitkey"] / row["floor from Python"]
+            row["jitkey / _LaunchPlan.launch"] = row["jitkey"] / row["_LaunchPlan.launch"]
             row["fn[grid] / driver floor"] = row["triton fn[grid]"] / row["driver floor"]
         row["jitkey stats"] = stats
         results.append(row)
@@ -301,6 +318,9 @@ _COLUMNS = (
     "torch.add",
     "driver floor",
     "floor + launch steps",
+    "floor from Python",
+    "_LaunchPlan.launch",
+    "jitkey, empty grid",
 )
 
 
@@ -320,6 +340,13 @@ def _print_table(res: dict[str, Any]) -> None:
     floor = all("jitkey / driver floor" in r for r in rows)
     if floor:
         ratios.append(("jitkey/driver floor", "jitkey / driver floor", 21))
+    # the floors from Python (results recorded before they were measured have none)
+    for title, field in (
+        ("jitkey/floor from Py", "jitkey / floor from Python"),
+        ("jitkey/plan.launch", "jitkey / _LaunchPlan.launch"),
+    ):
+        if all(field in r for r in rows):
+            ratios.append((title, field, 21))
     print(
         f"{'case':<44}"
         + "".join(f"{c:>24}" for c in cols)

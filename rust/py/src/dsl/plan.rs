@@ -110,11 +110,7 @@ impl Kept {
     fn usable(&self, py: Python<'_>) -> Option<u64> {
         match self.deterministic.bind(py).call0() {
             Ok(v) if v.is(&*pyo3::types::PyBool::new(py, false)) => self.stream(),
-            Ok(_) => None,
-            Err(e) => {
-                drop(e);
-                None
-            }
+            _ => None, // not False, or the check raised (the error is dropped): not kept
         }
     }
 

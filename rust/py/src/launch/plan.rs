@@ -395,6 +395,21 @@ impl LaunchPlan {
         }
     }
 
+    /// `_packed(gx, gy, gz, stream, device, *params) -> _PackedLaunch`: for benchmarks, the launch
+    /// packed once, as `_floor` packs it; its `launch()` makes that one launch from Python. Raises `ValueError` as `_floor` does.
+    #[pyo3(signature = (*call), text_signature = "(self, gx, gy, gz, stream, device, *params)")]
+    fn _packed(&self, call: Vec<Bound<'_, PyAny>>) -> PyResult<PackedLaunch> {
+        if self.global_scratch.is_some() || self.profile_scratch.is_some() {
+            return Err(PyValueError::new_err("_packed: the kernel needs scratch buffers"));
+        }
+        let call = PyLaunch::from_args("_packed", &call)?;
+        let mut slots = Slots::new();
+        let launch = call
+            .prepare(self, &mut slots)
+            .map_err(|why| PyValueError::new_err(format!("_packed: declined: {}", DECLINES[why])))?;
+        Ok(PackedLaunch { drv: self.drv, launch, slots: std::cell::RefCell::new(slots) })
+    }
+
     /// `{"launched": n, "declined": {reason: n}}` since the plan was made.
     fn counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
@@ -424,7 +439,40 @@ impl LaunchPlan {
     }
 }
 
+/// One launch packed once (`_LaunchPlan._packed`): `packed.launch()` calls `cuLaunchKernelEx` with it as a
+/// hit's last step does (context check, GIL released around the driver call), and nothing else.
+/// A Python loop calling it is the least a launch called from Python can cost: the benchmarks'
+/// "floor from Python".
+#[pyclass(name = "_PackedLaunch", module = "jitkey._core", unsendable)]
+pub(crate) struct PackedLaunch {
+    drv: &'static cuda::Driver,
+    launch: Launch,
+    slots: std::cell::RefCell<Slots>,
+}
+
+#[pymethods]
+impl PackedLaunch {
+    fn launch(&self) -> PyResult<()> {
+        let mut err: DriverError = None;
+        let (drv, l) = (self.drv, &self.launch);
+        drv.ensure_context(l.dialect, &mut err);
+        self.slots.borrow_mut().with_params(&mut [0, 0], |params| {
+            // SAFETY: as in `launch_packed`: no Python object is touched while the GIL is released.
+            unsafe {
+                let ts = ffi::PyEval_SaveThread();
+                drv.launch(l, params, &mut err);
+                ffi::PyEval_RestoreThread(ts);
+            }
+        });
+        match err {
+            Some(msg) => Err(PyRuntimeError::new_err(msg)),
+            None => Ok(()),
+        }
+    }
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<LaunchPlan>()?;
+    m.add_class::<PackedLaunch>()?;
     Ok(())
 }
