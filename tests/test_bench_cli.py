@@ -198,6 +198,11 @@ def test_usage_errors_exit_2(args: list[str]) -> None:
         ("gpu_launch_h100_driver.json", {"driver floor", "inductor static run", "inductor _launch_kernel"}),
         # and the floor with a hit's launch steps (context check, GIL hand-off, packing) per launch
         ("gpu_launch_h200_driver.json", {"driver floor", "floor + launch steps", "inductor static run"}),
+        # and the floors from Python, and the empty-grid hit (the hit without its driver call)
+        (
+            "gpu_launch_h200_pyfloor.json",
+            {"driver floor", "floor from Python", "_LaunchPlan.launch", "jitkey, empty grid"},
+        ),
     ],
 )
 def test_launch_section_reads_a_real_gpu_result(recorded: str, expected: set[str]) -> None:
