@@ -536,6 +536,12 @@ def main() -> None:
     packed.launch(), packed.launch()
     packed_out["same"] = record() == one
     packed_out["launches"] = lib.standin_launches() - launched
+    ptr = int("30000", 16)  # a fresh int object: the packed launch holds a reference to it while it lives
+    before_refs = sys.getrefcount(ptr)
+    kept = plan._packed(1, 1, 1, STREAM, None, ptr, 9)
+    packed_out["keeps_args"] = sys.getrefcount(ptr) - before_refs
+    del kept
+    packed_out["releases_args"] = sys.getrefcount(ptr) == before_refs
     try:
         plan._packed(1, 1, 1, STREAM, None, 0x30000)  # one parameter short: declined
         packed_out["error"] = "no error"

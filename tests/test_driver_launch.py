@@ -198,9 +198,18 @@ def test_the_driver_floor_packs_and_launches_as_a_launch_does(summary: dict) -> 
 
 def test_the_floor_from_python_launches_the_packed_call_once_per_call(summary: dict) -> None:
     """``_LaunchPlan._packed(...)`` (the benches' floor from Python) packs as a launch does and launches
-    nothing until called; each call is one launch with the same record; a declined call raises ValueError."""
+    nothing until called; each call is one launch with the same record; it keeps the call's arguments alive
+    until it goes; a declined call raises ValueError."""
     packed = summary["packed"]
-    assert packed == {"made": 0, "same": True, "launches": 2, "error": "ValueError"}, packed
+    expected = {
+        "made": 0,
+        "same": True,
+        "launches": 2,
+        "keeps_args": 1,
+        "releases_args": True,
+        "error": "ValueError",
+    }
+    assert packed == expected, packed
 
 
 def test_no_current_context_retains_the_primary_context(summary: dict) -> None:

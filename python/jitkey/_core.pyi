@@ -432,7 +432,8 @@ class _LaunchPlan:
         self, gx: int, gy: int, gz: int, stream: int, device: int | None, *params: Any
     ) -> _PackedLaunch:
         """For benchmarks: the launch packed once, as :meth:`_floor` packs it; its ``launch()`` makes that
-        launch from Python. Raises ``ValueError`` as :meth:`_floor` does."""
+        launch from Python. The arguments are kept alive with it (a tensor changed in place afterwards is still
+        launched with the values packed). Raises ``ValueError`` as :meth:`_floor` does."""
     def counts(self) -> dict[str, Any]:
         """``{"launched": n, "declined": {reason: n}}``."""
     @property

@@ -396,9 +396,11 @@ impl LaunchPlan {
     }
 
     /// `_packed(gx, gy, gz, stream, device, *params) -> _PackedLaunch`: for benchmarks, the launch
-    /// packed once, as `_floor` packs it; its `launch()` makes that one launch from Python. Raises `ValueError` as `_floor` does.
+    /// packed once, as `_floor` packs it; its `launch()` makes that one launch from Python. The
+    /// arguments are kept alive with it. Raises `ValueError` as `_floor` does.
     #[pyo3(signature = (*call), text_signature = "(self, gx, gy, gz, stream, device, *params)")]
     fn _packed(&self, call: Vec<Bound<'_, PyAny>>) -> PyResult<PackedLaunch> {
+        let keep = call.iter().map(|o| o.clone().unbind()).collect();
         if self.global_scratch.is_some() || self.profile_scratch.is_some() {
             return Err(PyValueError::new_err("_packed: the kernel needs scratch buffers"));
         }
@@ -407,7 +409,7 @@ impl LaunchPlan {
         let launch = call
             .prepare(self, &mut slots)
             .map_err(|why| PyValueError::new_err(format!("_packed: declined: {}", DECLINES[why])))?;
-        Ok(PackedLaunch { drv: self.drv, launch, slots: std::cell::RefCell::new(slots) })
+        Ok(PackedLaunch { drv: self.drv, launch, slots: std::cell::RefCell::new(slots), _keep: keep })
     }
 
     /// `{"launched": n, "declined": {reason: n}}` since the plan was made.
@@ -442,12 +444,14 @@ impl LaunchPlan {
 /// One launch packed once (`_LaunchPlan._packed`): `packed.launch()` calls `cuLaunchKernelEx` with it as a
 /// hit's last step does (context check, GIL released around the driver call), and nothing else.
 /// A Python loop calling it is the least a launch called from Python can cost: the benchmarks'
-/// "floor from Python".
+/// "floor from Python". It keeps the call's arguments alive, so that the pointers packed stay
+/// allocated (a tensor changed in place afterwards is still launched with the values packed).
 #[pyclass(name = "_PackedLaunch", module = "jitkey._core", unsendable)]
 pub(crate) struct PackedLaunch {
     drv: &'static cuda::Driver,
     launch: Launch,
     slots: std::cell::RefCell<Slots>,
+    _keep: Vec<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -468,6 +472,10 @@ impl PackedLaunch {
             Some(msg) => Err(PyRuntimeError::new_err(msg)),
             None => Ok(()),
         }
+    }
+
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        self._keep.iter().try_for_each(|o| visit.call(o))
     }
 }
 
