@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import time
 import zlib
+from collections.abc import Callable
 
 import pytest
 
@@ -35,26 +36,29 @@ def junit_name(nodeid: str) -> str:
     return ".".join(names[:-1]) + "::" + names[-1]
 
 
+def _select(config: pytest.Config, items: list[pytest.Item], wanted: Callable[[pytest.Item], bool]) -> None:
+    """Keep the items ``wanted`` takes (asked once each); the others are reported deselected."""
+    keep, drop = [], []
+    for it in items:
+        (keep if wanted(it) else drop).append(it)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     only = os.environ.get("JITKEY_ONLY")
     if only:
         with open(only, encoding="utf-8") as f:
-            wanted = {line.strip() for line in f if line.strip()}
-        drop = [it for it in items if junit_name(it.nodeid) not in wanted]
-        if drop:
-            config.hook.pytest_deselected(items=drop)
-        items[:] = [it for it in items if junit_name(it.nodeid) in wanted]
+            names = {line.strip() for line in f if line.strip()}
+        _select(config, items, lambda it: junit_name(it.nodeid) in names)
     spec = os.environ.get("JITKEY_SHARD")
     if not spec:
         return
     k, n = (int(x) for x in spec.split("/"))
     if not 0 <= k < n:
         raise pytest.UsageError(f"JITKEY_SHARD={spec}: want K/N with 0 <= K < N")
-    keep = [it for it in items if shard_of(it.nodeid, n) == k]
-    drop = [it for it in items if shard_of(it.nodeid, n) != k]
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-    items[:] = keep
+    _select(config, items, lambda it: shard_of(it.nodeid, n) == k)
 
 
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
