@@ -245,6 +245,23 @@ impl<'py> PyLaunch<'py> {
         let [gx, gy, gz] = &self.grid;
         plan.prepare([gx, gy, gz], &self.stream, &self.params, self.device, slots)
     }
+
+    /// `prepare` for the benchmarks' entry points (`what`): a declined call raises `ValueError`.
+    fn pack(&self, what: &str, plan: &LaunchPlan, slots: &mut Slots) -> PyResult<Launch> {
+        self.prepare(plan, slots)
+            .map_err(|why| PyValueError::new_err(format!("{what}: declined: {}", DECLINES[why])))
+    }
+}
+
+impl LaunchPlan {
+    /// The call of a benchmarks' entry point (`what`: `_floor`, `_packed`); `ValueError` for a
+    /// kernel that needs scratch buffers (they are allocated per launch, which these do not do).
+    fn bench_call<'py>(&self, what: &str, call: &[Bound<'py, PyAny>]) -> PyResult<PyLaunch<'py>> {
+        if self.global_scratch.is_some() || self.profile_scratch.is_some() {
+            return Err(PyValueError::new_err(format!("{what}: the kernel needs scratch buffers")));
+        }
+        PyLaunch::from_args(what, call)
+    }
 }
 
 #[pymethods]
@@ -339,15 +356,9 @@ impl LaunchPlan {
         text_signature = "(self, n, gx, gy, gz, stream, device, *params, steps=0)"
     )]
     fn _floor(&self, n: u64, call: Vec<Bound<'_, PyAny>>, steps: u32) -> PyResult<f64> {
-        if self.global_scratch.is_some() || self.profile_scratch.is_some() {
-            return Err(PyValueError::new_err("_floor: the kernel needs scratch buffers"));
-        }
         let drv = self.drv;
-        let call = PyLaunch::from_args("_floor", &call)?;
-        let pack = |slots: &mut Slots| {
-            call.prepare(self, slots)
-                .map_err(|why| PyValueError::new_err(format!("_floor: declined: {}", DECLINES[why])))
-        };
+        let call = self.bench_call("_floor", &call)?;
+        let pack = |slots: &mut Slots| call.pack("_floor", self, slots);
         let mut slots = Slots::new();
         let l = pack(&mut slots)?;
         let mut err: DriverError = None;
@@ -401,14 +412,9 @@ impl LaunchPlan {
     #[pyo3(signature = (*call), text_signature = "(self, gx, gy, gz, stream, device, *params)")]
     fn _packed(&self, call: Vec<Bound<'_, PyAny>>) -> PyResult<PackedLaunch> {
         let keep = call.iter().map(|o| o.clone().unbind()).collect();
-        if self.global_scratch.is_some() || self.profile_scratch.is_some() {
-            return Err(PyValueError::new_err("_packed: the kernel needs scratch buffers"));
-        }
-        let call = PyLaunch::from_args("_packed", &call)?;
+        let call = self.bench_call("_packed", &call)?;
         let mut slots = Slots::new();
-        let launch = call
-            .prepare(self, &mut slots)
-            .map_err(|why| PyValueError::new_err(format!("_packed: declined: {}", DECLINES[why])))?;
+        let launch = call.pack("_packed", self, &mut slots)?;
         Ok(PackedLaunch { drv: self.drv, launch, slots: std::cell::RefCell::new(slots), _keep: keep })
     }
 
