@@ -285,6 +285,22 @@ def wide_ints_case() -> tuple[dict[str, Any], list[Any]]:
     return sig, calls_
 
 
+def wide_case(rng: random.Random, n: int) -> tuple[dict[str, Any], list[Any]]:
+    """``n`` parameters (pointers, i32, fp32 and constexpr in turn): past the inline packing (64 values) for
+    the larger ``n``, where the values go to the heap."""
+    kinds = ["*fp32", "i32", "fp32", "*i8", "constexpr"]
+    sig = {f"a{i}": kinds[i % len(kinds)] for i in range(n)}
+    gen = {
+        "*fp32": lambda: rng.choice([None, rng.randrange(1, 2**48) * 16]),
+        "*i8": lambda: rng.randrange(0, 2**64),
+        "i32": lambda: rng.randrange(-(2**31), 2**31),
+        "fp32": lambda: rng.uniform(-1e3, 1e3),
+        "constexpr": lambda: 16,
+    }
+    calls_ = [((rng.randrange(1, 9), 1, 1), tuple(gen[t]() for t in sig.values())) for _ in range(30)]
+    return sig, calls_
+
+
 def floats_case(rng: random.Random) -> tuple[dict[str, Any], list[Any]]:
     sig = {"a": "fp16", "b": "bf16", "c": "fp32", "d": "f32", "e": "fp64", "p": "*fp16"}
     specials = [
@@ -462,6 +478,9 @@ def main() -> None:
     for name, case in (("ints", ints_case), ("floats", floats_case), ("tuples", tuples_case)):
         sig, calls_ = case(rng)
         out[name] = compare(sig, calls_, metas[name])
+    for n in (40, 90):
+        sig, calls_ = wide_case(rng, n)
+        out[f"wide{n}"] = compare(sig, calls_, (4, 1, 0, False, False))
     sig, calls_ = wide_ints_case()
     out["wide_ints"] = compare(sig, calls_, (4, 1, 0, False, False))
     sig, calls_ = big_int_floats_case()

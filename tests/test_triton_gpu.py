@@ -743,3 +743,50 @@ def test_a_knob_flipped_between_two_launches_gets_tritons_kernel_for_it():
     ws = kernel.cache_stats()["watched_state"]
     if jt.fast_paths()["watched_state"]["on"]:
         assert ws["unwatched"] is None and ws["watched"] >= 2, ws
+
+
+# -- the data pointers read while keying are the ones launched (issue 26) --------------------------------------
+
+
+@pytest.mark.parametrize("nptr", [40, 70])  # inline slots up to 64 parameters; beyond, the heap path
+def test_wide_kernels_launch_the_pointers_of_this_call(nptr, tmp_path):
+    """A hit packs the data pointers its key read. Every call here passes other tensors (views at other
+    offsets of other storages), through each kind of grid; a grid function that moves an argument's storage
+    (``set_``) runs before the packing, so the launch must use the moved pointer, as Triton's does."""
+    from jitkey.triton_bench import _add_kernel
+
+    plain = _add_kernel(nptr, str(tmp_path))
+    kernel = jt.bind(plain)
+    n = 4096
+
+    def fresh() -> list[Any]:
+        # views into a larger buffer at a 16-byte-aligned offset (the key's alignment bucket stays the same)
+        return [torch.randn(n + 64, device="cuda")[4 * k :][:n] for k in range(nptr - 1)]
+
+    def check(ins: list[Any], out: Any) -> None:
+        torch.cuda.synchronize()
+        ref = ins[0].clone()
+        for t in ins[1:]:
+            ref += t
+        torch.testing.assert_close(out, ref)
+
+    def moving(meta: dict[str, Any]) -> tuple[int]:
+        # replaces the first input's storage with a new one of other values, before the launch packs it
+        ins0 = meta["p0"]
+        ins0.set_(torch.randn(n, device="cuda").untyped_storage(), 0, (n,))
+        return (triton.cdiv(n, meta["BLOCK"]),)
+
+    grids = [
+        lambda ins: (triton.cdiv(n, 1024),),
+        lambda ins: [triton.cdiv(n, 1024)],
+        lambda ins: lambda meta: (triton.cdiv(n, meta["BLOCK"]),),
+        lambda ins: moving,
+    ]
+    for _ in range(3):
+        for make_grid in grids:
+            ins, out = fresh(), torch.full((n,), float("nan"), device="cuda")
+            kernel[make_grid(ins)](*ins, out, n, BLOCK=1024)
+            check(ins, out)
+    assert kernel.cache_stats()["fallbacks"] == 0
+    if _driver_on():
+        assert _driver_launches(kernel) >= 3 * len(grids) - 1

@@ -181,7 +181,7 @@ impl CompiledLaunch {
         if let Some(plan) = &e.plan {
             let plan = plan.get();
             let mut slots = Slots::new();
-            match plan.prepare([&g0, &g1, &g2], &stream, params, dev, &mut slots) {
+            match plan.prepare([&g0, &g1, &g2], &stream, params, dev, None, &mut slots) {
                 Ok(l) => {
                     let hooks =
                         if enter.is_none() && exit.is_none() { None } else { Some((&md, &enter, &exit)) };

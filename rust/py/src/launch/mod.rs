@@ -45,7 +45,7 @@ use crate::errors::ArgumentError;
 use crate::keys::{encode_into, fast_hash_state, with_encoder};
 use crate::lru::PyLruCache;
 use crate::signature::{ParamNames, Signature};
-use crate::torch::TorchCurrent;
+use crate::torch::{CudaPointers, TorchCurrent};
 use bind::{BoundArgs, KwPlans};
 use entry::Entry;
 use globals::GlobalsCheck;
@@ -182,15 +182,20 @@ fn call_one<'py>(
 
 impl Launcher {
     /// Writes the key: header, device, knob state, sorted launch options, parameters. `persistent`:
-    /// every leaf as `jitkey.encode` writes it (stable across processes), not the in-process tensor leaf.
+    /// every leaf as `jitkey.encode` writes it (stable across processes), not the in-process tensor
+    /// leaf. `index`: the device's index when read natively (`device` is that int), written as
+    /// `encode_into` writes the int.
+    #[allow(clippy::too_many_arguments)]
     fn encode_key<O>(
         &self,
         py: Python<'_>,
         enc: &mut Encoder,
         device: &Bound<'_, PyAny>,
+        index: Option<i32>,
         st: &State<O>,
         b: &BoundArgs,
         persistent: bool,
+        ptrs: Option<&mut CudaPointers>,
     ) -> Result<(), Leave> {
         let sig = self.sig.get();
         sig.encode_header(enc);
@@ -199,7 +204,10 @@ impl Launcher {
             err.set_cause(py, Some(e.into_pyerr(py, what)));
             Leave::Fallback(err.into_value(py).into_any())
         };
-        encode_into(device, enc).map_err(|e| unkeyable("the current device", e))?;
+        match index {
+            Some(d) => enc.int(i64::from(d)),
+            None => encode_into(device, enc).map_err(|e| unkeyable("the current device", e))?,
+        }
         match &st.key {
             Ok(bytes) => enc.raw(bytes.as_slice()),
             Err(reason) => return Err(Leave::Fallback(reason.clone_ref(py))),
@@ -218,7 +226,7 @@ impl Launcher {
         let params = if persistent {
             b.params().iter().enumerate().try_for_each(|(i, &p)| sig.encode_param(i, &borrowed(py, p), enc))
         } else {
-            sig.encode_params_in_process(py, b.params(), enc)
+            sig.encode_params_in_process(py, b.params(), enc, ptrs)
         };
         params.map_err(|e| Leave::Fallback(e.into_value(py).into_any()))?;
         Ok(())
@@ -287,6 +295,7 @@ impl Launcher {
         index: Option<i32>,
         st: &State<O>,
         b: &BoundArgs,
+        mut ptrs: Option<&CudaPointers>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let entry = entry.cast::<Entry>().map_err(|_| {
             PyTypeError::new_err(
@@ -294,11 +303,21 @@ impl Launcher {
             )
         })?;
         let e = entry.get();
+        // The pointers read while keying are packed as read only if no Python code runs before
+        // the packing (it could free or move a tensor's storage): the globals check, a grid
+        // function or sequence, the stream getter and the launch hooks' metadata may.
         let ugv = st.used_global_vals.b(py);
+        if !ugv.is_exact_instance_of::<PyDict>() {
+            ptrs = None;
+        }
         if ugv.is_truthy()? {
+            ptrs = None;
             self.globals.check(py, ugv, self.check_globals.bind(py))?;
         }
         let params = b.params();
+        if !grid.is_exact_instance_of::<PyTuple>() {
+            ptrs = None;
+        }
         let grid = if grid.is_exact_instance_of::<PyTuple>() || !grid.is_callable() {
             (*grid).to_owned()
         } else {
@@ -325,11 +344,15 @@ impl Launcher {
             )
         };
         let stream = self.stream(py, device, index)?;
+        if !matches!(stream, Stream::Raw(_)) {
+            ptrs = None;
+        }
         let ck = e.ck.bind(py);
         let none = py.None().into_bound(py);
         let (md, enter, exit) = if st.enter.is_empty(py)? && st.exit.is_empty(py)? {
             (none.clone(), none.clone(), none)
         } else {
+            ptrs = None;
             let md_fn = ck.getattr(intern!(py, "launch_metadata"))?;
             let s = stream.object(py)?;
             let md = call_with(py, &md_fn, &[&[grid.as_ptr(), s.as_ptr()], params])?;
@@ -343,7 +366,7 @@ impl Launcher {
                 Some(d) => i64::from(d),
                 None => device.extract::<i64>().unwrap_or(-1),
             };
-            match plan.prepare([&g0, &g1, &g2], &stream, params, dev, &mut slots) {
+            match plan.prepare([&g0, &g1, &g2], &stream, params, dev, ptrs, &mut slots) {
                 Ok(l) => {
                     let hooks =
                         if enter.is_none() && exit.is_none() { None } else { Some((&md, &enter, &exit)) };
@@ -474,8 +497,8 @@ impl Launcher {
             .map_err(|m| ArgumentError::new_err(format!("arguments do not bind: {m}")))?;
         let st = self.state(py)?;
         let encoded = |enc: &mut Encoder| match &st {
-            Current::Kept(s) => self.encode_key(py, enc, device, &**s, &b, persistent),
-            Current::Read(s) => self.encode_key(py, enc, device, s, &b, persistent),
+            Current::Kept(s) => self.encode_key(py, enc, device, None, &**s, &b, persistent, None),
+            Current::Read(s) => self.encode_key(py, enc, device, None, s, &b, persistent, None),
         };
         with_encoder(|enc| match encoded(enc) {
             Ok(()) => Ok(pyo3::types::PyBytes::new(py, enc.as_bytes())),
@@ -619,8 +642,9 @@ impl Launcher {
             }
         };
         let (device, index) = self.device(py)?;
+        let mut ptrs = index.map(|d| CudaPointers::new(i64::from(d)));
         let probe = with_encoder(|enc| -> Result<Probe<'py>, Leave> {
-            self.encode_key(py, enc, &device, st, &b, false)?;
+            self.encode_key(py, enc, &device, index, st, &b, false, ptrs.as_mut())?;
             let key = enc.as_bytes();
             let h = fast_hash_state().hash(key);
             Ok(match self.cache.get().get_encoded(py, h, key) {
@@ -632,7 +656,9 @@ impl Launcher {
         });
         let grid = borrowed(py, call.grid);
         match probe {
-            Ok(Probe::Hit(entry)) => self.launch_hit(py, &entry, &grid, &device, index, st, &b),
+            Ok(Probe::Hit(entry)) => {
+                self.launch_hit(py, &entry, &grid, &device, index, st, &b, ptrs.as_ref())
+            }
             Ok(Probe::Miss(h, key)) => {
                 let (grid_obj, args, kwargs) = call.to_python(py)?;
                 let out = self.miss.bind(py).call1((grid_obj, args, kwargs))?;
@@ -651,10 +677,10 @@ impl Launcher {
                     // kernel's used_global_vals, for one).
                     return match self.state(py)? {
                         Current::Kept(s) => {
-                            self.launch_hit(py, entry.as_any(), &grid, &device, index, &*s, &b)
+                            self.launch_hit(py, entry.as_any(), &grid, &device, index, &*s, &b, None)
                         }
                         Current::Read(s) => {
-                            self.launch_hit(py, entry.as_any(), &grid, &device, index, &s, &b)
+                            self.launch_hit(py, entry.as_any(), &grid, &device, index, &s, &b, None)
                         }
                     };
                 }

@@ -18,7 +18,7 @@
 //! - constexpr and specialized-away arguments: skipped, as Triton skips them; tuples: flattened.
 
 use std::ffi::{c_long, c_longlong, c_ulong, c_ulonglong, c_void};
-use std::ptr::null_mut;
+use std::mem::MaybeUninit;
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::ffi;
@@ -159,26 +159,40 @@ pub(super) const DECLINES: [&str; 8] = [
     "a float argument is neither a float nor an exact int",
 ];
 
-/// The packed parameter values, one 8-byte slot each (a value sits in its slot's first bytes).
-const INLINE: usize = 32;
+/// The packed parameter values, one 8-byte slot each (a value sits in its slot's first bytes):
+/// inline up to `INLINE` (nothing is allocated or zeroed per call below that), else in a heap
+/// vector of the plan's exact size.
+const INLINE: usize = 64;
 pub(crate) struct Slots {
-    inline: [u64; INLINE],
+    /// The first `n` are written (by `push`) when the values are inline.
+    inline: [MaybeUninit<u64>; INLINE],
     heap: Vec<u64>,
     n: usize,
 }
 
 impl Slots {
     pub(crate) fn new() -> Self {
-        Slots { inline: [0; INLINE], heap: Vec::new(), n: 0 }
+        Slots { inline: [MaybeUninit::uninit(); INLINE], heap: Vec::new(), n: 0 }
+    }
+
+    /// Makes room for `total` values before the first `push` (a plan knows its count): beyond
+    /// `INLINE`, one allocation of the exact size.
+    #[inline]
+    pub(super) fn reserve(&mut self, total: usize) {
+        if total > INLINE && self.n == 0 {
+            self.heap.reserve_exact(total);
+        }
     }
 
     #[inline]
-    fn push(&mut self, v: u64) {
-        if self.n < INLINE {
-            self.inline[self.n] = v;
+    pub(super) fn push(&mut self, v: u64) {
+        if self.n < INLINE && self.heap.capacity() == 0 {
+            self.inline[self.n].write(v);
         } else {
-            if self.heap.is_empty() {
-                self.heap.extend_from_slice(&self.inline);
+            if self.heap.is_empty() && self.n > 0 {
+                let written = &self.inline[..self.n];
+                // SAFETY: the first `n` inline values were written by `push`.
+                self.heap.extend(written.iter().map(|v| unsafe { v.assume_init() }));
             }
             self.heap.push(v);
         }
@@ -194,24 +208,29 @@ impl Slots {
     ) -> R {
         let values = self.values_mut();
         let n = values.len() + 2;
-        let mut inline: [*mut c_void; INLINE + 2] = [null_mut(); INLINE + 2];
+        let mut inline: [MaybeUninit<*mut c_void>; INLINE + 2] = [MaybeUninit::uninit(); INLINE + 2];
         let mut heap = Vec::new();
-        let ptrs: &mut [*mut c_void] = if n <= inline.len() {
-            &mut inline[..n]
+        let ptrs: *mut *mut c_void = if n <= inline.len() {
+            for (slot, v) in inline.iter_mut().zip(values.iter_mut().chain(scratch.iter_mut())) {
+                slot.write((v as *mut u64).cast());
+            }
+            inline.as_mut_ptr().cast()
         } else {
-            heap.resize(n, null_mut());
-            &mut heap
+            heap.extend(
+                values.iter_mut().chain(scratch.iter_mut()).map(|v| (v as *mut u64).cast::<c_void>()),
+            );
+            heap.as_mut_ptr()
         };
-        let scratch = scratch.iter_mut();
-        for (slot, v) in ptrs.iter_mut().zip(values.iter_mut().chain(scratch)) {
-            *slot = (v as *mut u64).cast();
-        }
-        f(ptrs.as_mut_ptr())
+        // `ptrs` holds `n` written pointers (the first `n` inline slots, or the heap vector).
+        f(ptrs)
     }
 
     fn values_mut(&mut self) -> &mut [u64] {
-        if self.n <= INLINE {
-            &mut self.inline[..self.n]
+        if self.heap.is_empty() {
+            let written = &mut self.inline[..self.n];
+            // SAFETY: the first `n` inline values were written by `push` (while the heap is empty,
+            // every value is inline); MaybeUninit<u64> has u64's layout.
+            unsafe { &mut *(std::ptr::from_mut(written) as *mut [u64]) }
         } else {
             &mut self.heap
         }

@@ -17,8 +17,9 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
-use super::pack::{grid_value, int_value, pack_param, Decline, Param, Slots, DECLINES};
+use super::pack::{grid_value, int_value, pack_param, Decline, Leaf, Param, Slots, DECLINES};
 use crate::cuda::{self, Dialect, DriverError, Launch, CUDA_ERROR_INVALID_VALUE, TRITON_ATTRIBUTE_ROOM};
+use crate::torch::CudaPointers;
 
 /// The stream of a launch: as torch's C shim returned it (`crate::torch::TorchCurrent`), or the
 /// object a Python getter returned (what Triton's launcher would be passed).
@@ -91,6 +92,7 @@ impl LaunchPlan {
         stream: &Stream<'_>,
         params: &[*mut ffi::PyObject],
         device: i64,
+        read: Option<&CudaPointers>,
         out: &mut Slots,
     ) -> Result<Launch, usize> {
         let g = |o: &Bound<'_, PyAny>| grid_value(o).ok_or(Decline::Grid as usize);
@@ -99,7 +101,13 @@ impl LaunchPlan {
         if params.len() != self.params.len() {
             return Err(Decline::Arity as usize);
         }
-        for (p, &obj) in self.params.iter().zip(params) {
+        out.reserve(self.nslots);
+        for (i, (p, &obj)) in self.params.iter().zip(params).enumerate() {
+            // A tensor's pointer as read while the call was keyed (on this device), else read now.
+            if let (Param::Leaf(Leaf::Ptr), Some(ptr)) = (p, read.and_then(|r| r.get(i))) {
+                out.push(ptr);
+                continue;
+            }
             pack_param(p, obj, device, out).map_err(|d| d as usize)?;
         }
         Ok(Launch {
@@ -243,7 +251,7 @@ impl<'py> PyLaunch<'py> {
 
     fn prepare(&self, plan: &LaunchPlan, slots: &mut Slots) -> Result<Launch, usize> {
         let [gx, gy, gz] = &self.grid;
-        plan.prepare([gx, gy, gz], &self.stream, &self.params, self.device, slots)
+        plan.prepare([gx, gy, gz], &self.stream, &self.params, self.device, None, slots)
     }
 
     /// `prepare` for the benchmarks' entry points (`what`): a declined call raises `ValueError`.

@@ -13,6 +13,8 @@
 mod compile;
 mod walk;
 
+use std::mem::MaybeUninit;
+
 use jitkey_core::key::{Encoder, Value};
 use jitkey_core::signature::{self as core_sig, Rule};
 use pyo3::exceptions::PyValueError;
@@ -25,6 +27,7 @@ use crate::cpython::str_utf8;
 use crate::errors::{ArgumentError, SignatureError};
 use crate::keys::{encode_into, fast_hash_state, with_encoder};
 use crate::lru::PyLruCache;
+use crate::torch::CudaPointers;
 use compile::{compile_rule, dtype_align_only};
 use walk::encode_rule;
 
@@ -35,16 +38,17 @@ use walk::encode_rule;
 /// the call's arguments and the signature's defaults, alive for the call. Inline up to
 /// [`ArgSlots::INLINE`] parameters: nothing is allocated per call below that.
 pub(crate) struct ArgSlots {
-    stack: [*mut ffi::PyObject; ArgSlots::INLINE],
+    /// The first `n` are written (by `reset`) when `n <= INLINE`.
+    stack: [MaybeUninit<*mut ffi::PyObject>; ArgSlots::INLINE],
     heap: Vec<*mut ffi::PyObject>,
     n: usize,
 }
 
 impl ArgSlots {
-    pub(crate) const INLINE: usize = 32;
+    pub(crate) const INLINE: usize = 64;
 
     pub(crate) fn new() -> Self {
-        ArgSlots { stack: [std::ptr::null_mut(); Self::INLINE], heap: Vec::new(), n: 0 }
+        ArgSlots { stack: [MaybeUninit::uninit(); Self::INLINE], heap: Vec::new(), n: 0 }
     }
 
     /// `n` empty (null) slots to bind into, in place of what was bound before.
@@ -52,8 +56,9 @@ impl ArgSlots {
         self.n = n;
         if n <= Self::INLINE {
             let slots = &mut self.stack[..n];
-            slots.fill(std::ptr::null_mut());
-            slots
+            slots.fill(MaybeUninit::new(std::ptr::null_mut()));
+            // SAFETY: all `n` were just written; MaybeUninit<T> has T's layout.
+            unsafe { &mut *(std::ptr::from_mut(slots) as *mut [*mut ffi::PyObject]) }
         } else {
             self.heap.clear();
             self.heap.resize(n, std::ptr::null_mut());
@@ -64,7 +69,10 @@ impl ArgSlots {
     /// The bound arguments.
     pub(crate) fn get(&self) -> &[*mut ffi::PyObject] {
         if self.n <= Self::INLINE {
-            &self.stack[..self.n]
+            let slots = &self.stack[..self.n];
+            // SAFETY: `reset` wrote the first `n` (and `new` set `n` to 0); MaybeUninit<T> has T's
+            // layout.
+            unsafe { &*(std::ptr::from_ref(slots) as *const [*mut ffi::PyObject]) }
         } else {
             &self.heap
         }
@@ -243,18 +251,23 @@ impl Signature {
     /// as a 4-byte process-local leaf (`tag::TENSOR_IN_PROCESS`, dtype index, aligned). For keys
     /// that never leave the process: equal buckets still give equal bytes (the same tensor always
     /// takes the same path), and the leaf's tag differs from every other leaf's, so distinct
-    /// buckets never collide. `params[i]` are live objects; an error names the parameter.
+    /// buckets never collide. `params[i]` are live objects; an error names the parameter. The data
+    /// pointers of the tensors so keyed that are on `ptrs`' CUDA device are noted in `ptrs`.
     pub(crate) fn encode_params_in_process(
         &self,
         py: Python<'_>,
         params: &[*mut ffi::PyObject],
         enc: &mut Encoder,
+        mut ptrs: Option<&mut CudaPointers>,
     ) -> PyResult<()> {
         let tensor_type = crate::torch::tensor_type();
         let layout = crate::torch::layout();
         for (i, (&p, &fast)) in params.iter().zip(&self.dtype_align_only).enumerate() {
             if let (Some(align), Some(l)) = (fast, layout) {
-                if crate::torch::encode_in_process(p, align, tensor_type, l, enc) {
+                if let Some((f, data)) = crate::torch::encode_in_process(p, align, tensor_type, l, enc) {
+                    if let Some(ptrs) = ptrs.as_deref_mut() {
+                        ptrs.note(i, &f, data);
+                    }
                     continue;
                 }
             }

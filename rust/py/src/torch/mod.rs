@@ -36,7 +36,7 @@ pub(crate) use current::TorchCurrent;
 pub(crate) use modes::TorchModes;
 pub(crate) use tensor::{encode_in_process, encode_tensor};
 use tensor_impl::{_install_tensor_layout, _tensor_layout_installed};
-pub(crate) use tensor_impl::{cuda_data_ptr, layout};
+pub(crate) use tensor_impl::{cuda_data_ptr, layout, CudaPointers};
 
 /// Why a dtype or device could not be named: a message, or the Python error raised reading it.
 pub(crate) enum TorchError {

@@ -225,7 +225,9 @@ fn device_attr(obj: &Bound<'_, PyAny>) -> Result<(&'static str, i64), TorchError
 }
 
 /// The in-process short form of a plain tensor under a dtype(+alignment)-only rule, if `p` is
-/// one: see `Signature::encode_params_in_process`. `p` is a live object.
+/// one: see `Signature::encode_params_in_process`. `p` is a live object. Returns the tensor's
+/// direct view and its `data_ptr()` when it was read (for the alignment) once the leaf is written;
+/// `None` (nothing written) for anything else.
 #[inline(always)]
 pub(crate) fn encode_in_process(
     p: *mut ffi::PyObject,
@@ -233,18 +235,18 @@ pub(crate) fn encode_in_process(
     tensor_type: *mut ffi::PyTypeObject,
     layout: &'static Layout,
     enc: &mut Encoder,
-) -> bool {
+) -> Option<(Direct, Option<u64>)> {
     // SAFETY: p is live (the caller's contract); `Py_TYPE` reads its type pointer.
     if unsafe { ffi::Py_TYPE(p) } != tensor_type {
-        return false;
+        return None;
     }
-    let Some(f) = direct_with(layout, p) else { return false };
-    let aligned = if align == 0 { Some(true) } else { f.data_ptr().map(|d| d & u64::from(align - 1) == 0) };
-    match aligned {
-        Some(a) => {
-            core_sig::write_tensor_in_process(enc, f.idx, a);
-            true
-        }
-        None => false,
-    }
+    let f = direct_with(layout, p)?;
+    let (aligned, data) = if align == 0 {
+        (true, None)
+    } else {
+        let d = f.data_ptr()?;
+        (d & u64::from(align - 1) == 0, Some(d))
+    };
+    core_sig::write_tensor_in_process(enc, f.idx, aligned);
+    Some((f, data))
 }

@@ -3,6 +3,7 @@
 //! the installed torch equal to the attribute path on probe tensors. Only exact `torch.Tensor` /
 //! `nn.Parameter` objects whose `TensorImpl` and `StorageImpl` vtables are the plain ones qualify.
 
+use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 
 use pyo3::exceptions::PyValueError;
@@ -185,12 +186,68 @@ pub(crate) const CUDA_DEVICE_CODE: i8 = 1;
 /// `jitkey._core._LaunchPlan` passes for a pointer parameter without asking the driver.
 #[inline]
 pub(crate) fn cuda_data_ptr(obj: *mut ffi::PyObject, index: i64) -> Option<u64> {
-    let d = direct_with(LAYOUT.get()?, obj)?;
-    let (code, idx, has) = d.device_raw();
-    if has != 1 || code != CUDA_DEVICE_CODE || i64::from(idx) != index {
-        return None;
+    direct_with(LAYOUT.get()?, obj)?.cuda_data_ptr(index)
+}
+
+impl Direct {
+    /// `data_ptr()` when the tensor is a CUDA tensor on device `index` (what `cuda_data_ptr`
+    /// returns for it).
+    #[inline(always)]
+    pub(crate) fn cuda_data_ptr(&self, index: i64) -> Option<u64> {
+        let (code, idx, has) = self.device_raw();
+        if has != 1 || code != CUDA_DEVICE_CODE || i64::from(idx) != index {
+            return None;
+        }
+        self.data_ptr()
     }
-    d.data_ptr()
+}
+
+/// The data pointers of plain CUDA tensors on one device, by parameter index (the first
+/// [`CudaPointers::MAX`]), as read while a call was keyed: its launch packs them without reading
+/// the tensors again. Valid only while no Python code has run since they were read (the caller's
+/// duty: see `Launcher::launch_hit`).
+pub(crate) struct CudaPointers {
+    device: i64,
+    /// Bit `i`: `ptrs[i]` holds parameter `i`'s pointer.
+    valid: u64,
+    ptrs: [MaybeUninit<u64>; CudaPointers::MAX],
+}
+
+impl CudaPointers {
+    pub(crate) const MAX: usize = 64;
+
+    /// None read yet, for tensors on CUDA device `device`.
+    pub(crate) fn new(device: i64) -> Self {
+        CudaPointers { device, valid: 0, ptrs: [MaybeUninit::uninit(); Self::MAX] }
+    }
+
+    /// Notes parameter `i`'s tensor `d` (whose `data_ptr()` is `data`, when already read) if it is
+    /// a CUDA tensor on the device.
+    #[inline(always)]
+    pub(crate) fn note(&mut self, i: usize, d: &Direct, data: Option<u64>) {
+        if i >= Self::MAX {
+            return;
+        }
+        let (code, idx, has) = d.device_raw();
+        if has != 1 || code != CUDA_DEVICE_CODE || i64::from(idx) != self.device {
+            return;
+        }
+        if let Some(p) = data.or_else(|| d.data_ptr()) {
+            self.ptrs[i].write(p);
+            self.valid |= 1 << i;
+        }
+    }
+
+    /// Parameter `i`'s pointer, if noted.
+    #[inline(always)]
+    pub(crate) fn get(&self, i: usize) -> Option<u64> {
+        if i < Self::MAX && self.valid & (1 << i) != 0 {
+            // SAFETY: bit `i` is set only after `ptrs[i]` was written.
+            Some(unsafe { self.ptrs[i].assume_init() })
+        } else {
+            None
+        }
+    }
 }
 
 /// `_install_tensor_layout(layout, /)`: called once by `jitkey._tensor_fields.install()`.
