@@ -5,8 +5,9 @@ gave: the compiled kernel (hash, binary digest, metadata, IR), what was loaded a
 ``device_caches``, and the kernels' statistics.
 
 Usage: ``python _l2_child.py CONFIG_JSON`` with ``{"mode": "jitkey" | "plain", "module": path of the kernels
-module, "calls": [[kernel, [args...], {kwargs}], ...], "setup": python code run before the calls,
-"watch": bool}`` (``watch``: report which of Triton's compile path, ``triton_key()`` and binder ran); an arg ``["t", dtype]`` is a 4096-element CPU tensor of that dtype (offset by one
+module, "calls": [[kernel, [args...], {kwargs}], ...], "setup": python code run before the calls, "then": python
+code run after them (``extra`` is reported), "watch": bool}`` (``watch``: report which of Triton's compile path,
+``triton_key()`` and binder, and its generation, ran); an arg ``["t", dtype]`` is a 4096-element CPU tensor of that dtype (offset by one
 element with ``["t+1", dtype]``), ``["tl", name]`` is ``triton.language.<name>``, anything else is passed as it is.
 """
 
@@ -139,6 +140,7 @@ def main() -> None:
             ("runtime/jit.py", "_do_compile"),
             ("runtime/jit.py", "dynamic_func"),
             ("<string>", "dynamic_func"),
+            ("runtime/jit.py", "create_function_from_signature"),
         }
 
         def profile(frame: Any, event: str, arg: Any) -> None:
@@ -169,6 +171,7 @@ def main() -> None:
             out["calls"].append(_ck(ck))
         except Exception as exc:
             out["calls"].append({"error": f"{type(exc).__name__}: {exc}"})
+    exec(cfg.get("then", ""), scope)  # after the calls (``extra`` is reported)
     out["loads"] = LOADS
     out["launches"] = LAUNCHES
     out["device_caches"] = {

@@ -88,8 +88,10 @@ class Scene:
         for pyc in self.root.glob("__pycache__/*"):
             pyc.unlink()
 
-    def run(self, mode: str, setup: str = "", watch: bool = False, **env: str) -> dict[str, Any]:
-        cfg = {"mode": mode, "module": str(self.module), "calls": self.calls, "setup": setup}
+    def run(
+        self, mode: str, setup: str = "", watch: bool = False, then: str = "", **env: str
+    ) -> dict[str, Any]:
+        cfg = {"mode": mode, "module": str(self.module), "calls": self.calls, "setup": setup, "then": then}
         cfg["watch"] = watch
         full_env = {
             **os.environ,
@@ -143,18 +145,48 @@ def test_a_fresh_process_loads_exactly_the_kernel_triton_loads(warm: Any) -> Non
     assert first["l2"] == {"on": True, "why": None}
     assert l2(first, "l2_misses") == len(CALLS) and l2(first, "l2_recorded") == len(CALLS)
     assert l2(first, "l2_hits") == 0
-    # The later process: every call from the L2; neither Triton's compile path, triton_key() nor its binder ran
-    # (nor was Gluon imported, as Triton's first binder call does).
+    # The later process: every call from the L2; neither Triton's compile path, triton_key() nor its binder ran,
+    # nor was the binder generated (nor Gluon imported, as Triton's first binder call does).
     assert l2(loaded, "l2_hits") == len(CALLS) and l2(loaded, "l2_misses") == 0
     assert loaded["watched"] == [] and loaded["gluon"] is False
     # The watch is real: the plain process ran all of them.
-    assert {"compile", "triton_key", "_do_compile", "dynamic_func"} <= set(plain["watched"]) and plain[
-        "gluon"
-    ]
+    assert {
+        "compile",
+        "triton_key",
+        "_do_compile",
+        "dynamic_func",
+        "create_function_from_signature",
+    } <= set(plain["watched"]) and plain["gluon"]
     assert all(s["fallbacks"] == 0 for s in loaded["stats"].values())
     assert_same(loaded, plain)
     assert_same(first, plain)
     assert loaded["report"]["l2_hits"] == len(CALLS)
+
+
+def test_the_binder_of_a_loaded_kernel_binds_as_tritons_at_its_first_use(warm: Any) -> None:
+    """The L2 leaves the binder to be generated at its first call: Triton's own path through the kernel (here a
+    warmup, then a launch through ``JITFunction.run``) gets what Triton's own binder gives, and compiles
+    nothing new."""
+    scene = warm[0]
+    then = """
+from triton.runtime.jit import JITFunction, create_function_from_signature
+k = mod.add
+_, _, _, backend, binder = k.device_caches[0]
+x, y, out = (torch.empty(4096 + 16, dtype=torch.float32) for _ in range(3))
+lazy = type(binder).__name__
+got = binder(x, y, out, 4096, BLOCK=256, debug=False)
+ref = create_function_from_signature(k.signature, k.params, backend)(x, y, out, 4096, BLOCK=256, debug=False)
+JITFunction.run(k, x, y, out, 4096, grid=(4,), warmup=True, BLOCK=256)
+JITFunction.run(k, x, y, out, 4096, grid=(4,), warmup=False, BLOCK=256)
+extra = [lazy, repr(got) == repr(ref), len(k.device_caches[0][0])]
+"""
+    rep = scene.run("jitkey", then=then)
+    lazy, same, kernels = rep["extra"]
+    assert lazy == "LazyBinder" and same
+    assert l2(rep, "l2_hits") == len(CALLS) and l2(rep, "l2_misses") == 0
+    assert kernels == sum(
+        c[0] == "add" for c in CALLS
+    )  # Triton's own path found the L2's kernel in its cache
 
 
 def test_the_loaded_kernel_is_a_compiled_kernel_in_every_detail(warm: Any) -> None:

@@ -278,7 +278,7 @@ def lookup(kernel: Any, launcher: Any, device: int, args: tuple[Any, ...], kwarg
         run_options = {k: v for k, v in kw.items() if k not in names}  # the binder's **options
         if {"device_type", "device", "stream"} & kw.keys():
             return None  # Triton's own path raises its error
-        _, _, target, backend, _ = kernel.device_caches[device]
+        _, _, target, backend, _ = _device_caches_entry(kernel, device)
         if getattr(target, "backend", None) != "cuda":
             stats.l2_skipped[f"the target is {getattr(target, 'backend', None)!r}, not 'cuda'"] += 1
             return None
@@ -332,6 +332,58 @@ def lookup(kernel: Any, launcher: Any, device: int, args: tuple[Any, ...], kwarg
     _init_handles(ck, dialect, info)
     stats.l2_hits += 1
     return Loaded(ck, kernel_cache, tkey)
+
+
+class LazyBinder:
+    """The binder ``JITFunction.create_binder`` makes, ``create_function_from_signature(signature, params,
+    backend)``, generated at its first call. A kernel the L2 loads is launched by jitkey, which never binds
+    through it, so a process whose first launches hit the L2 does not generate one per kernel (``exec`` of its
+    source: about 0.1-0.2 ms each); Triton's own path (a fallback, a warmup, Helion's precompiled launcher)
+    calls it as it calls Triton's."""
+
+    __slots__ = ("_fn", "_of")
+
+    def __init__(self, signature: Any, params: Any, backend: Any) -> None:
+        self._of = (signature, params, backend)
+        self._fn: Any = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fn = self._fn
+        if fn is None:
+            from triton.runtime.jit import create_function_from_signature
+
+            fn = self._fn = create_function_from_signature(*self._of)
+        return fn(*args, **kwargs)
+
+
+def _device_caches_entry(kernel: Any, device: int) -> Any:
+    """``kernel.device_caches[device]``. Where that would call Triton's own ``create_binder`` (the dict's
+    default factory; the L2's code digest pins its code), the same entry is made here, its binder a
+    :class:`LazyBinder`: ``create_binder`` line for line but for the binder."""
+    from collections import defaultdict
+
+    from triton.runtime.jit import JITFunction
+
+    caches = kernel.device_caches
+    have = dict.get(caches, device) if isinstance(caches, dict) else None
+    if have is not None:
+        return have
+    if (
+        type(caches) is not defaultdict
+        or caches.default_factory != kernel.create_binder
+        or type(kernel).create_binder is not JITFunction.create_binder
+    ):
+        return caches[device]
+    from triton.compiler import ASTSource, CompiledKernel, compile, make_backend
+    from triton.runtime.driver import driver
+
+    target = driver.active.get_current_target()
+    backend = make_backend(target)
+    kernel.CompiledKernel = CompiledKernel
+    kernel.compile = compile
+    kernel.ASTSource = ASTSource
+    binder = LazyBinder(kernel.signature, kernel.params, backend)
+    return caches.setdefault(device, ({}, {}, target, backend, binder))
 
 
 def _params_key(kernel: Any) -> tuple[Any, ...]:
