@@ -761,7 +761,7 @@ def test_wide_kernels_launch_the_pointers_of_this_call(nptr, tmp_path):
 
     def fresh() -> list[Any]:
         # views into a larger buffer at a 16-byte-aligned offset (the key's alignment bucket stays the same)
-        return [torch.randn(n + 64, device="cuda")[4 * k :][:n] for k in range(nptr - 1)]
+        return [torch.randn(n + 4 * nptr, device="cuda")[4 * k :][:n] for k in range(nptr - 1)]
 
     def check(ins: list[Any], out: Any) -> None:
         torch.cuda.synchronize()
