@@ -298,11 +298,17 @@ fn stripe_index() -> usize {
     STRIPE.try_with(|s| s.0).unwrap_or(STRIPES)
 }
 
+/// The CPUs this process may use, read once: `available_parallelism` reads the cgroup files on
+/// Linux (about 25 µs), and a JIT makes a cache per kernel.
+fn cpus() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from))
+}
+
 /// Objects retired per write (see `Cache::retire`): one more than the CPUs, so that a batch can
 /// be handed to every reader that is likely to be active at once.
 fn retire_batch() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from).min(256) + 1)
+    cpus().min(256) + 1
 }
 
 /// What one write unlinked, retired through seize as a single object.
@@ -370,8 +376,7 @@ impl<V> Cache<V> {
         let n = match shards {
             Some(s) => s.clamp(1, MAX_SHARDS).next_power_of_two(),
             None => {
-                let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-                let n = cpus.min(capacity / MIN_PER_SHARD).max(1);
+                let n = cpus().min(capacity / MIN_PER_SHARD).max(1);
                 1 << n.ilog2()
             }
         };
