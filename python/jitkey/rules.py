@@ -23,6 +23,7 @@ which is what the Rust side reads.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -352,6 +353,7 @@ class TritonParams(Sequence[Param]):
         return tuple(p[0] for p in self.params)
 
 
+@functools.cache  # rules are frozen: one object per kind of parameter, shared by every kernel
 def _triton_rule(
     is_constexpr: bool, do_not_specialize: bool, do_not_specialize_on_alignment: bool, annotation_type: str
 ) -> Rule:
