@@ -587,6 +587,37 @@ def test_a_kernel_class_with_its_own_setattr_is_read_per_call(fake_triton: Any) 
     assert "replaces TritonKernel's __setattr__" in ws["unwatched"] and ws["watched"] == 0
 
 
+def test_a_kernel_class_with_a_data_descriptor_for_a_read_is_read_per_call(fake_triton: Any) -> None:
+    """A read attribute that a class (or a base of it) turns into a data descriptor is not an instance attribute
+    the kernel's __setattr__ sees: such kernels read per call. A plain class attribute is not a descriptor."""
+
+    class Base(jt.TritonKernel):
+        @property
+        def pre_run_hooks(self) -> list[Any]:
+            return self.__dict__.setdefault("_hooks", [])
+
+        @pre_run_hooks.setter
+        def pre_run_hooks(self, v: list[Any]) -> None:
+            self.__dict__["_hooks"] = v
+
+    class Mine(Base):  # the descriptor is on a base class
+        pass
+
+    class Plain(jt.TritonKernel):
+        used_global_vals: dict[Any, Any] = {}  # a plain class attribute, not a descriptor
+
+    assert _watch.kernel_problem(Mine) == f"{__name__}.{Mine.__qualname__}.pre_run_hooks is a data descriptor"
+    assert _watch.kernel_problem(Plain) is None
+    assert _watch.kernel_problem(jt.TritonKernel) is None
+    kernel = Mine(_k)
+    fake_triton(kernel)
+    x = torch.empty(64)
+    kernel[(1,)](x, 16, 3, 64)
+    kernel[(1,)](x, 16, 3, 64)
+    ws = kernel.cache_stats()["watched_state"]
+    assert "pre_run_hooks is a data descriptor" in ws["unwatched"] and ws["watched"] == 0
+
+
 def test_watching_off(fake_triton: Any, watch_off: None) -> None:
     ws = _run_unwatched(
         fake_triton, lambda k: None, lambda k: knobs.runtime.__dict__.__setitem__("debug", True)

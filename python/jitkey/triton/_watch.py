@@ -251,7 +251,9 @@ def kernel_problem(cls: type) -> str | None:
     if cls.__getattribute__ is not object.__getattribute__:
         return f"{cls.__module__}.{cls.__qualname__} defines __getattribute__"
     for attr in KERNEL_READS:  # instance attributes: only a data descriptor could take their place
-        v = inspect.getattr_static(cls, attr, None)
+        # What the instance lookup finds on the class: the first of its MRO's dicts holding the name (as
+        # inspect.getattr_static finds it, without its metaclass handling, which these names never reach).
+        v = next((vars(k)[attr] for k in cls.__mro__ if attr in vars(k)), None)
         if hasattr(type(v), "__set__") or hasattr(type(v), "__delete__"):
             return f"{cls.__module__}.{cls.__qualname__}.{attr} is a data descriptor"
     return None
