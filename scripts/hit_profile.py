@@ -14,7 +14,10 @@ tests/data/standin_torch.c, instead).
 ``NPTR`` pointers (``NPTR + 2`` arguments); ``kw``: three launch options passed as ``**kw`` (a fresh keyword
 tuple per call); ``kwsite``: the same options written at the call site (one constant tuple; NPTR 2 only);
 ``native``: the device and stream through the stand-in shim; ``compiled``: the same kernel launched as a DSL
-plan's compiled step (``_CompiledLaunch((1, 1, 1), *args)``, what FlagGems' ``LibEntry`` launches). Prints the minimum and median over 9 loops of ``N``
+plan's compiled step (``_CompiledLaunch((1, 1, 1), *args)``, what FlagGems' ``LibEntry`` launches); ``tensors``:
+the pointers are CPU tensors marked as tensors of CUDA device 0 in their ``TensorImpl`` (the device field of
+``jitkey._tensor_fields``, restored before exit), so that the key and the packing take the path of real CUDA tensors
+(nothing is ever launched on a device: the stand-in driver only records). Prints the minimum and median over 9 loops of ``N``
 (env, default 100,000) hits, ns per hit. Instructions per hit, independent of a noisy machine::
 
     valgrind --tool=callgrind --collect-atstart=no \
@@ -68,6 +71,12 @@ class CompiledKernel:
         return None
 
 
+def _set_device(t: Any, tf: Any, raw: bytes) -> None:
+    """Writes the three bytes of ``t``'s ``TensorImpl`` device field (profiling only; see ``tensors``)."""
+    impl = int.from_bytes(ctypes.string_at(id(t) + tf.PYOBJ_TENSORIMPL, 8), "little")
+    ctypes.memmove(impl + tf.IMPL_DEVICE, raw, 3)
+
+
 def main() -> None:
     nptr, flags = int(sys.argv[1]), set(sys.argv[2:])
     k = kernel(nptr)
@@ -89,7 +98,18 @@ def main() -> None:
         return ck
 
     k._jk_triton_run = triton_run
-    a = (*(0x10000 * (i + 1) for i in range(nptr)), 4096, 64)
+    marked: list[Any] = []
+    if "tensors" in flags:
+        import torch
+
+        from jitkey import _tensor_fields as tf
+
+        marked = [torch.empty(1024, dtype=torch.float32) for _ in range(nptr)]
+        for t in marked:
+            _set_device(t, tf, b"\x01\x00\x01")  # CUDA (c10::DeviceType 1), index 0, has_value
+        a = (*marked, 4096, 64)
+    else:
+        a = (*(0x10000 * (i + 1) for i in range(nptr)), 4096, 64)
     kw = {"num_warps": 4, "num_stages": 2, "maxnreg": 128} if flags & {"kw", "kwsite"} else {}
     k[(1,)](*a, **kw)  # the miss builds the launcher; from now on k[grid] is C
     f = k[(1,)]
@@ -130,6 +150,11 @@ def main() -> None:
     st = k.cache_stats()
     assert child.lib.standin_launches() - before == 9 * n, "every hit launched through the stand-in"
     assert "compiled" in flags or (st["fallbacks"] == 0 and st["driver_launches"] >= 9 * n), st
+    if marked:
+        from jitkey import _tensor_fields as tf
+
+        for t in marked:
+            _set_device(t, tf, b"\x00\xff\x01")  # back to the CPU device (index -1) before torch frees them
     print(
         f"{nptr + 2} args {' '.join(sorted(flags))}: min {min(res):.0f} ns, median {statistics.median(res):.0f} ns"
         f" per hit; watched state {st.get('watched_state')}"
