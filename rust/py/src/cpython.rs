@@ -195,6 +195,21 @@ pub(crate) fn is_type(tp: *mut ffi::PyTypeObject, builtin: *mut ffi::PyTypeObjec
     std::ptr::eq(tp, builtin)
 }
 
+/// Whether `p` (a live object) is `None` or exactly an `int`, `float` or `bool`: a value whose keying
+/// runs no Python code and allocates no object the GC tracks.
+#[inline]
+pub(crate) fn is_plain_scalar(p: *mut ffi::PyObject) -> bool {
+    // SAFETY: `p` is live (the caller's contract); `Py_TYPE` reads its type pointer, and the
+    // builtin type objects are static.
+    unsafe {
+        let tp = ffi::Py_TYPE(p);
+        p == ffi::Py_None()
+            || is_type(tp, std::ptr::addr_of_mut!(ffi::PyLong_Type))
+            || is_type(tp, std::ptr::addr_of_mut!(ffi::PyFloat_Type))
+            || is_type(tp, std::ptr::addr_of_mut!(ffi::PyBool_Type))
+    }
+}
+
 /// An int's value when it fits in i64, else `None` (any error it set is cleared). An exact int of
 /// at most one digit is read from the object itself (`small_int`), the rest through
 /// `PyLong_AsLongLongAndOverflow`.

@@ -252,7 +252,8 @@ impl Signature {
     /// that never leave the process: equal buckets still give equal bytes (the same tensor always
     /// takes the same path), and the leaf's tag differs from every other leaf's, so distinct
     /// buckets never collide. `params[i]` are live objects; an error names the parameter. The data
-    /// pointers of the tensors so keyed that are on `ptrs`' CUDA device are noted in `ptrs`.
+    /// pointers of the tensors so keyed that are on `ptrs`' CUDA device are noted in `ptrs`, unless
+    /// another parameter's keying may run Python code (then `ptrs` forgets them all).
     pub(crate) fn encode_params_in_process(
         &self,
         py: Python<'_>,
@@ -269,6 +270,13 @@ impl Signature {
                         ptrs.note(i, &f, data);
                     }
                     continue;
+                }
+            }
+            if let Some(ptrs) = ptrs.as_deref_mut() {
+                // Keying anything but a scalar may run Python code (an attribute, an adapter, a GC pass
+                // on an allocation), which could move the storage of a tensor noted before.
+                if !crate::cpython::is_plain_scalar(p) {
+                    ptrs.forget();
                 }
             }
             // SAFETY: p is a live object (the caller's contract), borrowed for this call only.

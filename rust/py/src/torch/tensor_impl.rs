@@ -238,6 +238,14 @@ impl CudaPointers {
         }
     }
 
+    /// Forgets every pointer noted, and notes none from now on (Python code may run before the
+    /// packing).
+    #[cold]
+    pub(crate) fn forget(&mut self) {
+        self.valid = 0;
+        self.device = i64::MIN; // no tensor's device index
+    }
+
     /// Parameter `i`'s pointer, if noted.
     #[inline(always)]
     pub(crate) fn get(&self, i: usize) -> Option<u64> {
