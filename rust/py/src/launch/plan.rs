@@ -161,16 +161,7 @@ impl LaunchPlan {
             scratch_pointer(py, drv, l.dialect, global.as_ref())?,
             scratch_pointer(py, drv, l.dialect, profile.as_ref())?,
         ];
-        slots.with_params(&mut scratch, |params| {
-            // SAFETY: the GIL is released around a call that touches no Python object; `params`
-            // points at the packed values and the scratch pointers, alive for the call; the
-            // function handle came from Triton's loader.
-            unsafe {
-                let ts = ffi::PyEval_SaveThread();
-                drv.launch(l, params, &mut err);
-                ffi::PyEval_RestoreThread(ts);
-            }
-        });
+        launch_released(drv, l, slots, &mut scratch, &mut err);
         if let Some(msg) = err {
             return Err(PyRuntimeError::new_err(msg));
         }
@@ -455,6 +446,27 @@ impl LaunchPlan {
     }
 }
 
+/// The driver call of a packed launch (`slots` and the two scratch pointers), with the GIL released
+/// around it as Triton's launcher releases it: a hit's last step and `_PackedLaunch.launch`.
+fn launch_released(
+    drv: &cuda::Driver,
+    l: &Launch,
+    slots: &mut Slots,
+    scratch: &mut [u64; 2],
+    err: &mut DriverError,
+) {
+    slots.with_params(scratch, |params| {
+        // SAFETY: the GIL is released around a call that touches no Python object; `params`
+        // points at the packed values and the scratch pointers, alive for the call; the function
+        // handle came from Triton's loader.
+        unsafe {
+            let ts = ffi::PyEval_SaveThread();
+            drv.launch(l, params, err);
+            ffi::PyEval_RestoreThread(ts);
+        }
+    });
+}
+
 /// One launch packed once (`_LaunchPlan._packed`): `packed.launch()` calls `cuLaunchKernelEx` with it as a
 /// hit's last step does (context check, GIL released around the driver call), and nothing else.
 /// A Python loop calling it is the least a launch called from Python can cost: the benchmarks'
@@ -474,14 +486,7 @@ impl PackedLaunch {
         let mut err: DriverError = None;
         let (drv, l) = (self.drv, &self.launch);
         drv.ensure_context(l.dialect, &mut err);
-        self.slots.borrow_mut().with_params(&mut [0, 0], |params| {
-            // SAFETY: as in `launch_packed`: no Python object is touched while the GIL is released.
-            unsafe {
-                let ts = ffi::PyEval_SaveThread();
-                drv.launch(l, params, &mut err);
-                ffi::PyEval_RestoreThread(ts);
-            }
-        });
+        launch_released(drv, l, &mut self.slots.borrow_mut(), &mut [0, 0], &mut err);
         match err {
             Some(msg) => Err(PyRuntimeError::new_err(msg)),
             None => Ok(()),

@@ -194,11 +194,14 @@ impl Direct {
     /// returns for it).
     #[inline(always)]
     pub(crate) fn cuda_data_ptr(&self, index: i64) -> Option<u64> {
+        self.on_cuda(index).then(|| self.data_ptr()).flatten()
+    }
+
+    /// Whether the tensor is on CUDA device `index`.
+    #[inline(always)]
+    fn on_cuda(&self, index: i64) -> bool {
         let (code, idx, has) = self.device_raw();
-        if has != 1 || code != CUDA_DEVICE_CODE || i64::from(idx) != index {
-            return None;
-        }
-        self.data_ptr()
+        has == 1 && code == CUDA_DEVICE_CODE && i64::from(idx) == index
     }
 }
 
@@ -225,11 +228,7 @@ impl CudaPointers {
     /// a CUDA tensor on the device.
     #[inline(always)]
     pub(crate) fn note(&mut self, i: usize, d: &Direct, data: Option<u64>) {
-        if i >= Self::MAX {
-            return;
-        }
-        let (code, idx, has) = d.device_raw();
-        if has != 1 || code != CUDA_DEVICE_CODE || i64::from(idx) != self.device {
+        if i >= Self::MAX || !d.on_cuda(self.device) {
             return;
         }
         if let Some(p) = data.or_else(|| d.data_ptr()) {
