@@ -127,8 +127,7 @@ impl Site {
         if args.len() > self.npos {
             return Err(format!("{} positional arguments where the site takes {}", args.len(), self.npos));
         }
-        let slots = out.reset(n);
-        slots[..args.len()].copy_from_slice(args);
+        let slots = out.reset(args, n);
         if let Some((values, names)) = kw {
             for (i, &v) in values.iter().enumerate() {
                 // SAFETY: `names` is the call's kwnames tuple, one str per value.

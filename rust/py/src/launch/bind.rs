@@ -11,6 +11,7 @@
 //! them directly, each name read once. Nothing here allocates per call below `ArgSlots::INLINE`
 //! parameters and `OPTS` options, or copies a name.
 
+use std::mem::MaybeUninit;
 use std::ptr::null_mut;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -54,31 +55,41 @@ impl BoundArgs {
 
 /// Launch options, kept inline up to `OPTS` (no allocation per call).
 pub(super) struct Opts {
-    stack: [Opt; OPTS],
+    /// The first `n` are written (by `push`) while `n <= OPTS`; nothing is zeroed per call.
+    stack: [MaybeUninit<Opt>; OPTS],
     heap: Vec<Opt>,
     n: usize,
 }
 
 impl Opts {
     fn new() -> Self {
-        Opts { stack: [(null_mut(), null_mut()); OPTS], heap: Vec::new(), n: 0 }
+        Opts { stack: [MaybeUninit::uninit(); OPTS], heap: Vec::new(), n: 0 }
     }
 
     fn push(&mut self, o: Opt) {
         if self.n < OPTS {
-            self.stack[self.n] = o;
+            self.stack[self.n].write(o);
         } else {
             if self.n == OPTS {
-                self.heap.extend_from_slice(&self.stack);
+                self.heap = self.stack_mut().to_vec();
             }
             self.heap.push(o);
         }
         self.n += 1;
     }
 
+    /// The inline options (the first `n`, all written while `n <= OPTS`).
+    fn stack_mut(&mut self) -> &mut [Opt] {
+        let written = &mut self.stack[..self.n.min(OPTS)];
+        // SAFETY: `push` wrote the first `min(n, OPTS)`; MaybeUninit<T> has T's layout.
+        unsafe { &mut *(std::ptr::from_mut(written) as *mut [Opt]) }
+    }
+
     pub(super) fn as_slice(&self) -> &[Opt] {
         if self.n <= OPTS {
-            &self.stack[..self.n]
+            let written = &self.stack[..self.n];
+            // SAFETY: `push` wrote the first `n`; MaybeUninit<T> has T's layout.
+            unsafe { &*(std::ptr::from_ref(written) as *const [Opt]) }
         } else {
             &self.heap
         }
@@ -94,14 +105,15 @@ impl Opts {
             self.heap.sort_by_cached_key(|&(k, _)| str_utf8(k));
             return;
         }
+        let n = self.n;
         let mut named: [(&[u8], Opt); OPTS] = [(&[], (null_mut(), null_mut())); OPTS];
-        for (slot, &o) in named.iter_mut().zip(&self.stack[..self.n]) {
+        for (slot, &o) in named.iter_mut().zip(self.stack_mut().iter()) {
             *slot = (str_utf8(o.0), o);
         }
-        let named = &mut named[..self.n];
+        let named = &mut named[..n];
         if !named.windows(2).all(|w| w[0].0 <= w[1].0) {
             named.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            for (slot, &(_, o)) in self.stack.iter_mut().zip(named.iter()) {
+            for (slot, &(_, o)) in self.stack_mut().iter_mut().zip(named.iter()) {
                 *slot = o;
             }
         }
@@ -224,8 +236,7 @@ impl Launcher {
             let npos = self.npos;
             return Err(format!("takes {npos} positional arguments but {nargs} were given"));
         }
-        let slots = b.args.reset(n);
-        slots[..nargs].copy_from_slice(pos);
+        let slots = b.args.reset(pos, n);
         let twice = |j: usize| format!("got multiple values for argument '{}'", sig.param_names()[j]);
         if !kw_names.is_empty() {
             // SAFETY: a non-null kwnames is a live object (the call's vectorcall tuple).

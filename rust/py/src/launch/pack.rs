@@ -184,18 +184,28 @@ impl Slots {
         }
     }
 
-    #[inline]
+    /// Appends one value: inline while the values fit (a store and an increment, inlined into the
+    /// packing loops), else `push_spilled`.
+    #[inline(always)]
     pub(super) fn push(&mut self, v: u64) {
         if self.n < INLINE && self.heap.capacity() == 0 {
             self.inline[self.n].write(v);
+            self.n += 1;
         } else {
-            if self.heap.is_empty() && self.n > 0 {
-                let written = &self.inline[..self.n];
-                // SAFETY: the first `n` inline values were written by `push`.
-                self.heap.extend(written.iter().map(|v| unsafe { v.assume_init() }));
-            }
-            self.heap.push(v);
+            self.push_spilled(v);
         }
+    }
+
+    /// `push` past the inline values, or into the heap vector `reserve` made.
+    #[cold]
+    #[inline(never)]
+    fn push_spilled(&mut self, v: u64) {
+        if self.heap.is_empty() && self.n > 0 {
+            let written = &self.inline[..self.n];
+            // SAFETY: the first `n` inline values were written by `push`.
+            self.heap.extend(written.iter().map(|v| unsafe { v.assume_init() }));
+        }
+        self.heap.push(v);
         self.n += 1;
     }
 
@@ -207,13 +217,18 @@ impl Slots {
         f: impl FnOnce(*mut *mut c_void) -> R,
     ) -> R {
         let values = self.values_mut();
-        let n = values.len() + 2;
+        let nv = values.len();
+        let n = nv + 2;
         let mut inline: [MaybeUninit<*mut c_void>; INLINE + 2] = [MaybeUninit::uninit(); INLINE + 2];
         let mut heap = Vec::new();
         let ptrs: *mut *mut c_void = if n <= inline.len() {
-            for (slot, v) in inline.iter_mut().zip(values.iter_mut().chain(scratch.iter_mut())) {
-                slot.write((v as *mut u64).cast());
+            // One address per value (a plain indexed loop: no iterator state per value).
+            let base = values.as_mut_ptr();
+            for (k, slot) in inline[..nv].iter_mut().enumerate() {
+                slot.write(base.wrapping_add(k).cast());
             }
+            inline[nv].write((&raw mut scratch[0]).cast());
+            inline[nv + 1].write((&raw mut scratch[1]).cast());
             inline.as_mut_ptr().cast()
         } else {
             heap.extend(

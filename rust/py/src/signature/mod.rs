@@ -51,16 +51,23 @@ impl ArgSlots {
         ArgSlots { stack: [MaybeUninit::uninit(); Self::INLINE], heap: Vec::new(), n: 0 }
     }
 
-    /// `n` empty (null) slots to bind into, in place of what was bound before.
-    pub(crate) fn reset(&mut self, n: usize) -> &mut [*mut ffi::PyObject] {
+    /// `n` slots to bind into, in place of what was bound before: the positional arguments `pos`
+    /// (at most `n`) first, the rest empty (null).
+    pub(crate) fn reset(&mut self, pos: &[*mut ffi::PyObject], n: usize) -> &mut [*mut ffi::PyObject] {
+        assert!(pos.len() <= n, "more positional arguments than slots");
         self.n = n;
         if n <= Self::INLINE {
             let slots = &mut self.stack[..n];
-            slots.fill(MaybeUninit::new(std::ptr::null_mut()));
+            let (given, rest) = slots.split_at_mut(pos.len());
+            for (slot, &p) in given.iter_mut().zip(pos) {
+                slot.write(p);
+            }
+            rest.fill(MaybeUninit::new(std::ptr::null_mut()));
             // SAFETY: all `n` were just written; MaybeUninit<T> has T's layout.
             unsafe { &mut *(std::ptr::from_mut(slots) as *mut [*mut ffi::PyObject]) }
         } else {
             self.heap.clear();
+            self.heap.extend_from_slice(pos);
             self.heap.resize(n, std::ptr::null_mut());
             &mut self.heap
         }
