@@ -29,6 +29,7 @@ mod launch;
 mod lru;
 mod signature;
 mod torch;
+mod written;
 
 #[pymodule(gil_used = false)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {

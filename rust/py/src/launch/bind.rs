@@ -25,6 +25,7 @@ use super::{borrowed, Launcher};
 use crate::cpython::str_utf8;
 use crate::keys::encode_into;
 use crate::signature::ArgSlots;
+use crate::written::{written, written_mut};
 
 /// Launch options kept inline (more spill to the heap).
 const OPTS: usize = 8;
@@ -80,16 +81,14 @@ impl Opts {
 
     /// The inline options (the first `n`, all written while `n <= OPTS`).
     fn stack_mut(&mut self) -> &mut [Opt] {
-        let written = &mut self.stack[..self.n.min(OPTS)];
-        // SAFETY: `push` wrote the first `min(n, OPTS)`; MaybeUninit<T> has T's layout.
-        unsafe { &mut *(std::ptr::from_mut(written) as *mut [Opt]) }
+        // SAFETY: `push` wrote the first `min(n, OPTS)`.
+        unsafe { written_mut(&mut self.stack[..self.n.min(OPTS)]) }
     }
 
     pub(super) fn as_slice(&self) -> &[Opt] {
         if self.n <= OPTS {
-            let written = &self.stack[..self.n];
-            // SAFETY: `push` wrote the first `n`; MaybeUninit<T> has T's layout.
-            unsafe { &*(std::ptr::from_ref(written) as *const [Opt]) }
+            // SAFETY: `push` wrote the first `n`.
+            unsafe { written(&self.stack[..self.n]) }
         } else {
             &self.heap
         }

@@ -28,6 +28,7 @@ use pyo3::types::{PyString, PyTuple};
 use crate::cpython::{int_i128, tuple_item};
 use crate::cuda::Dialect;
 use crate::torch::cuda_data_ptr;
+use crate::written::{written, written_mut};
 
 /// One scalar kernel parameter, by how it is packed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,9 +202,8 @@ impl Slots {
     #[inline(never)]
     fn push_spilled(&mut self, v: u64) {
         if self.heap.is_empty() && self.n > 0 {
-            let written = &self.inline[..self.n];
             // SAFETY: the first `n` inline values were written by `push`.
-            self.heap.extend(written.iter().map(|v| unsafe { v.assume_init() }));
+            self.heap.extend_from_slice(unsafe { written(&self.inline[..self.n]) });
         }
         self.heap.push(v);
         self.n += 1;
@@ -242,10 +242,9 @@ impl Slots {
 
     fn values_mut(&mut self) -> &mut [u64] {
         if self.heap.is_empty() {
-            let written = &mut self.inline[..self.n];
             // SAFETY: the first `n` inline values were written by `push` (while the heap is empty,
-            // every value is inline); MaybeUninit<u64> has u64's layout.
-            unsafe { &mut *(std::ptr::from_mut(written) as *mut [u64]) }
+            // every value is inline).
+            unsafe { written_mut(&mut self.inline[..self.n]) }
         } else {
             &mut self.heap
         }

@@ -28,6 +28,7 @@ use crate::errors::{ArgumentError, SignatureError};
 use crate::keys::{encode_into, fast_hash_state, with_encoder};
 use crate::lru::PyLruCache;
 use crate::torch::CudaPointers;
+use crate::written::{written, written_mut};
 use compile::{compile_rule, dtype_align_only};
 use walk::encode_rule;
 
@@ -63,8 +64,8 @@ impl ArgSlots {
                 slot.write(p);
             }
             rest.fill(MaybeUninit::new(std::ptr::null_mut()));
-            // SAFETY: all `n` were just written; MaybeUninit<T> has T's layout.
-            unsafe { &mut *(std::ptr::from_mut(slots) as *mut [*mut ffi::PyObject]) }
+            // SAFETY: all `n` were just written.
+            unsafe { written_mut(slots) }
         } else {
             self.heap.clear();
             self.heap.extend_from_slice(pos);
@@ -76,10 +77,8 @@ impl ArgSlots {
     /// The bound arguments.
     pub(crate) fn get(&self) -> &[*mut ffi::PyObject] {
         if self.n <= Self::INLINE {
-            let slots = &self.stack[..self.n];
-            // SAFETY: `reset` wrote the first `n` (and `new` set `n` to 0); MaybeUninit<T> has T's
-            // layout.
-            unsafe { &*(std::ptr::from_ref(slots) as *const [*mut ffi::PyObject]) }
+            // SAFETY: `reset` wrote the first `n` (and `new` set `n` to 0).
+            unsafe { written(&self.stack[..self.n]) }
         } else {
             &self.heap
         }
