@@ -188,22 +188,37 @@ def _ptxas_version(knobs: Any, arch: int, dialect: str) -> str:
     if override is not None and not isinstance(override, str):
         raise ValueError(f"knobs.nvidia.{name} is set to a {type(override).__name__}")
     env = os.environ.get(tool.key)
-    paths = [p for p in (override if override is not None else env, tool.default_path) if p is not None]
-    selector = (name, override, env, tuple(_installation.file_identity(p) for p in paths))
-    version = _ptxas_seen.get(selector)
+    # Once per process and selection, as Triton's own ``get_ptxas_version`` (an ``lru_cache``) runs it once per
+    # process: the files are looked at (stat'ed) only the first time.
+    chosen = (name, override, env)
+    version = _ptxas_seen.get(chosen)
     if version is None:
+        paths = [p for p in (override if override is not None else env, tool.default_path) if p is not None]
+        selector = (*chosen, tuple(_installation.file_identity(p) for p in paths))
         version = str(
             _installation.memo("ptxas_version", selector, lambda: get_ptxas_version.__wrapped__(arch))
         )
-        _ptxas_seen[selector] = version
+        _ptxas_seen[chosen] = version
     return version
+
+
+_lib_seen: dict[str, tuple[Any, ...]] = {}  # this process's extern library identities, by path
+
+
+def _lib_identity(path: str) -> tuple[Any, ...]:
+    """The file's identity, stat'ed once per process and path: Triton hashes an extern library's contents once
+    per process and path (``file_hash`` is an ``lru_cache``), so a file changed later is not seen by it either."""
+    ident = _lib_seen.get(path)
+    if ident is None:
+        ident = _lib_seen[path] = _installation.file_identity(path)
+    return ident
 
 
 def _options_key(options: Any) -> tuple[Any, ...]:
     items = []
     for name, value in sorted(vars(options).items()):
         if name == "extern_libs":  # Triton hashes the files' contents: their identities stand for them
-            value = tuple((lib, path, _installation.file_identity(path)) for lib, path in value)
+            value = tuple((lib, path, _lib_identity(path)) for lib, path in value)
         items.append((name, value))
     return tuple(items)
 
@@ -538,6 +553,16 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
+def _options_match(md: dict[str, Any], options: Any) -> bool:
+    """Whether the metadata (as parsed from JSON) holds every option as the call's options hold it."""
+    for k, v in vars(options).items():
+        got = md.get(k)
+        # A scalar compares as it is; a tuple is a list in JSON (a list never equals a tuple).
+        if got != v and (not isinstance(v, (tuple, list)) or got != _jsonable(v)):
+            return False
+    return True
+
+
 @functools.lru_cache(maxsize=64)
 def _metadata_type(fields: tuple[str, ...]) -> type:
     """``namedtuple('KernelMetadata', fields)``, made once per field set (Triton makes one per kernel)."""
@@ -559,22 +584,27 @@ def _read_checked(path: str, ident: list[Any], binary: bool) -> Any:
         return None
     try:
         st = os.fstat(fd)
-        if [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev] != ident:
+        size = st.st_size
+        if [size, st.st_mtime_ns, st.st_ino, st.st_dev] != ident:
             return None
-        chunks = []
-        left = st.st_size + 1  # one byte more: a file that grew since is not the recorded one
-        while left > 0:
-            b = os.read(fd, left)
-            if not b:
-                break
-            chunks.append(b)
-            left -= len(b)
+        # One byte more than recorded: a file that grew since its fstat is not the recorded one. A read that
+        # returns the whole recorded size is the file (one read call); a short one is continued.
+        data = os.read(fd, size + 1)
+        if 0 < len(data) < size:
+            chunks = [data]
+            left = size + 1 - len(data)
+            while left > 0:
+                b = os.read(fd, left)
+                if not b:
+                    break
+                chunks.append(b)
+                left -= len(b)
+            data = b"".join(chunks)
     except OSError:
         return None
     finally:
         os.close(fd)
-    data = b"".join(chunks)
-    if len(data) != ident[0]:
+    if len(data) != size:
         return None
     if binary:
         return data
@@ -608,30 +638,36 @@ def _build(kernel: Any, raw: bytes, p: Pending, backend: Any, dialect: str) -> A
         if [f[0] for f in files if f[0].endswith(".json")] != [metadata_filename]:
             return "an L2 record of another kernel"
         for _, path, *_ in files:
-            if os.path.normpath(os.path.dirname(path)) != entry_dir:
+            folder = os.path.dirname(path)
+            if folder != entry_dir and os.path.normpath(folder) != entry_dir:
                 return "an L2 record outside TRITON_CACHE_DIR"
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         return "a damaged L2 record"
     if list(_installation.file_identity(group[0])[1:]) != group[1:]:
         return "Triton's cache entry changed or is gone"
     binary_ext = backend.binary_ext
-    texts: dict[str, Any] = {}
+    meta_text: Any = None
     metadata_group: dict[str, str] = {}
+    asm: dict[str, Any] = {}  # CompiledKernel's {suffix: contents} of the files but the metadata
     for child, path, *ident in files:
         ext = os.path.splitext(path)[1][1:]
-        data = _read_checked(path, ident, binary=ext == binary_ext and not child.endswith(".json"))
+        is_json = child.endswith(".json")
+        data = _read_checked(path, ident, binary=ext == binary_ext and not is_json)
         if data is None:
             return "Triton's cache entry changed or is gone"
-        texts[child] = data
         metadata_group[child] = path
+        if is_json:
+            meta_text = data  # the one metadata file (checked above)
+        else:
+            asm[ext] = data
     try:
-        md = json.loads(texts[metadata_filename])
+        md = json.loads(meta_text)
         target = md["target"]
         ok = (
             md["hash"] == h
             and md.get("triton_version") == _triton_version()
             and (target["backend"], target["arch"], target["warp_size"]) == p.target
-            and all(md.get(k) == _jsonable(v) for k, v in vars(p.options).items())
+            and _options_match(md, p.options)
             and all(md.get(k) == v for k, v in p.env_vars.items())
         )
         if not ok:
@@ -647,13 +683,7 @@ def _build(kernel: Any, raw: bytes, p: Pending, backend: Any, dialect: str) -> A
     ck.src = src
     ck.hash = h
     ck.name = metadata.name
-    ck.asm = AsmDict(
-        {
-            os.path.splitext(path)[1][1:]: texts[c]
-            for c, path in metadata_group.items()
-            if not c.endswith(".json")
-        }
-    )
+    ck.asm = AsmDict(asm)
     ck.metadata_group = metadata_group
     ck.kernel = ck.asm[binary_ext]
     ck.module = None
