@@ -108,6 +108,9 @@ def test_fork_while_another_thread_writes_the_disk_index(tmp_path: Path) -> None
 def test_ctrl_c_interrupts_a_get_or_insert_waiter() -> None:
     out = run(
         """
+        # Python's own Ctrl-C handler, whatever the runner left: a process started in the background without job
+        # control inherits SIGINT ignored, and then the signal below would never reach the waiter.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         cache = jitkey.LruCache(16)
         inside, release, finished = threading.Event(), threading.Event(), threading.Event()
 
