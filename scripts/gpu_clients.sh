@@ -12,7 +12,11 @@
 #     SUITE = torch:  torch's test/inductor/test_triton_kernels.py (in .clients/torch_tests)
 #
 # Needs jitkey importable (PYTHONPATH) and pytest-xdist. Writes JUnit XML, the fast-path report and the
-# comparison under $OUT (or ./gpu_clients_out). Each run gets its own TRITON_CACHE_DIR, so both compile.
+# comparison under $OUT (or ./gpu_clients_out). Each run gets its own caches (TRITON_CACHE_DIR, JITKEY_CACHE_DIR,
+# ...), so both compile.
+# CACHE_ROOT: each mode and shard keeps its caches (Triton's, jitkey's disk index and L2, Inductor's, FlagGems')
+# under CACHE_ROOT/<mode>-<shard>/ instead of fresh folders, so a second invocation starts warm: with
+# JITKEY_TRITON_L2=1 its jitkey runs load what the first one compiled from the L2, its plain runs from Triton's cache.
 # SUITE_TIMEOUT (s, default 280) stops a run at the first test boundary after it (JITKEY_DEADLINE of
 # scripts/pytest_shard.py: pytest still writes the JUnit XML of the tests it finished); GRACE (s, default 60) later
 # a run still inside one test gets SIGINT (which may abort it inside a compiler, losing its XML).
@@ -46,6 +50,9 @@ esac
 [[ -e "$dir/pytest.ini" || -e "$dir/pyproject.toml" || -e "$dir/setup.cfg" ]] || printf '[pytest]\n' > "$dir/pytest.ini"
 shards="${SHARDS:-1}"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); (( gpus > 0 )) || gpus=1
+cache_dir() {  # $1 = mode-shard, $2 = which cache: a fresh folder, or with CACHE_ROOT the same one on every invocation
+  if [[ -n "${CACHE_ROOT:-}" ]]; then mkdir -p "$CACHE_ROOT/$1/$2" && echo "$CACHE_ROOT/$1/$2"; else mktemp -d; fi
+}
 run() {  # $1 = run label (e.g. flaggems-plain-3), $2 = plain|jitkey, $3 = shard index, $4 = shards; the rest: pytest arguments
   local name="$1" tag="$2" k="$3" n="$4"; shift 4
   local plugin=(-p jitkey.pytest_plugin --jitkey-report-json="$OUTDIR/$name-report.json")
@@ -53,7 +60,8 @@ run() {  # $1 = run label (e.g. flaggems-plain-3), $2 = plain|jitkey, $3 = shard
   [[ "$tag" == jitkey && "$dsl" == 1 ]] && plugin+=(--jitkey-integrations)
   ( cd "$dir" && export PYTHONPATH="$root/scripts${PYTHONPATH:+:$PYTHONPATH}" && \
       { (( n > 1 )) && export JITKEY_SHARD="$k/$n" CUDA_VISIBLE_DEVICES=$((k % gpus)) || true; } && \
-      FLAGGEMS_CACHE_DIR="$(mktemp -d)" TRITON_CACHE_DIR="$(mktemp -d)" TORCHINDUCTOR_CACHE_DIR="$(mktemp -d)" \
+      FLAGGEMS_CACHE_DIR="$(cache_dir "$tag-$k" flaggems)" TRITON_CACHE_DIR="$(cache_dir "$tag-$k" triton)" \
+      TORCHINDUCTOR_CACHE_DIR="$(cache_dir "$tag-$k" inductor)" JITKEY_CACHE_DIR="$(cache_dir "$tag-$k" jitkey)" \
       JITKEY_DEADLINE=$(( $(date +%s) + ${TIME_LIMIT:-${SUITE_TIMEOUT:-280}} )) \
       timeout -s INT -k 60 $(( ${TIME_LIMIT:-${SUITE_TIMEOUT:-280}} + ${GRACE:-60} )) "$PY" -m pytest -q \
       -p no:cacheprovider -p pytest_shard --tb=line -o junit_family=xunit2 --junitxml="$OUTDIR/$name.xml" \
