@@ -39,6 +39,7 @@ import json
 import os
 import re
 from collections import namedtuple
+from collections.abc import Callable
 from typing import Any
 
 from jitkey._core import digest
@@ -553,10 +554,11 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
-def _options_match(md: dict[str, Any], options: Any) -> bool:
-    """Whether the metadata (as parsed from JSON) holds every option as the call's options hold it."""
+def _options_match(get: Callable[[str], Any], options: Any) -> bool:
+    """Whether a kernel's metadata (``get(name)``: a field, ``None`` if absent) holds every option as the call's
+    options hold it, the metadata's lists standing for the options' tuples (Triton reads it from JSON)."""
     for k, v in vars(options).items():
-        got = md.get(k)
+        got = get(k)
         # A scalar compares as it is; a tuple is a list in JSON (a list never equals a tuple).
         if got != v and (not isinstance(v, (tuple, list)) or got != _jsonable(v)):
             return False
@@ -667,7 +669,7 @@ def _build(kernel: Any, raw: bytes, p: Pending, backend: Any, dialect: str) -> A
             md["hash"] == h
             and md.get("triton_version") == _triton_version()
             and (target["backend"], target["arch"], target["warp_size"]) == p.target
-            and _options_match(md, p.options)
+            and _options_match(md.get, p.options)
             and all(md.get(k) == v for k, v in p.env_vars.items())
         )
         if not ok:
@@ -772,7 +774,7 @@ def _record_problem(kernel: Any, p: Pending, ck: Any, tkey: Any) -> str | None:
         *p.target,
     ):
         return "the compiled kernel's target differs"
-    if not all(_jsonable(getattr(md, k, None)) == _jsonable(v) for k, v in vars(p.options).items()):
+    if not _options_match(lambda k: getattr(md, k, None), p.options):
         return "the compiled kernel's options differ from the key's"
     if not all(getattr(md, k, None) == v for k, v in p.env_vars.items()):
         return "the compiled kernel's environment differs from the key's"
