@@ -46,13 +46,18 @@ except ImportError as _exc:  # pragma: no cover - exercised by the packaging tes
 
     raise _deps.missing("triton", "jitkey.triton") from _exc
 
+import contextlib
+import importlib.abc
+import logging
 import sys
+import threading
 import types
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from jitkey import _triton_table
+from jitkey._core import _register_key_adapter
 from jitkey.errors import Unkeyable
-from jitkey.triton import _installed
-from jitkey.triton._installed import triton_info
 from jitkey.triton._kernel import (
     TritonKernel,
     bind,
@@ -67,23 +72,33 @@ from jitkey.triton._kernel import (
 )
 
 if TYPE_CHECKING:
+    from jitkey.triton._installed import triton_info  # noqa: F401 - for type checkers (see _LAZY)
     from jitkey.triton.autotune import PersistentAutotuner, autotune
+
+# Imported at first use (see _Package): the autotuner, and what jitkey reads from the installed Triton (its
+# launcher, knob reads and runtime: a kernel's first launch needs it, decoration does not).
+_LAZY = {
+    "PersistentAutotuner": "jitkey.triton.autotune",
+    "autotune": "jitkey.triton.autotune",
+    "triton_info": "jitkey.triton._installed",
+}
 
 
 class _Package(types.ModuleType):
-    """This package's module type: :func:`autotune` and :class:`PersistentAutotuner` are imported at first use
-    (a kernel library that only decorates kernels does not pay for the autotuner at import), and the name
+    """This package's module type: the names of ``_LAZY`` are imported at first use (a kernel library that only
+    decorates kernels does not pay for the autotuner or the Triton checks at import), and the name
     ``autotune`` stays the function even after the submodule of that name is imported (which binds the
     submodule to its package's attribute)."""
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("PersistentAutotuner", "autotune"):
-            import importlib
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+        import importlib
 
-            value = getattr(importlib.import_module("jitkey.triton.autotune"), name)
-            setattr(self, name, value)
-            return value
-        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        setattr(self, name, value)
+        return value
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "autotune" and isinstance(value, types.ModuleType):
@@ -93,9 +108,100 @@ class _Package(types.ModuleType):
 
 sys.modules[__name__].__class__ = _Package
 
+
+def register_key_adapters() -> None:
+    """Key Triton's argument types like Triton's own specialization does (``jitkey._triton_table.KEY_ADAPTERS``,
+    see ``_core._register_key_adapter``); called once, when this package is imported.
+
+    An adapter whose module Triton has not imported yet (``triton.tools.tensor_descriptor``: only a program that
+    makes descriptors imports it) is registered right after that module is first imported (:class:`_AfterImport`),
+    so importing jitkey does not import it: no object of its types can exist before then."""
+    pending: dict[str, list[tuple[str, Callable[[Any], Any], bool]]] = {}
+    for module, name, adapter, subclasses in _triton_table.KEY_ADAPTERS:
+        if module in sys.modules:
+            _register(getattr(sys.modules[module], name, None), adapter, subclasses)
+        else:
+            pending.setdefault(module, []).append((name, adapter, subclasses))
+    if pending:
+        sys.meta_path.insert(0, _AfterImport(pending))
+
+
+def _register(cls: Any, adapter: Callable[[Any], Any], subclasses: bool) -> None:
+    if isinstance(cls, type):
+        _register_key_adapter(cls, adapter, subclasses=subclasses)
+
+
+class _AfterImport:
+    """A ``sys.meta_path`` finder that answers for the modules in ``pending`` only: it finds them with the other
+    finders and wraps their loader so that, once the module has run, its key adapters are registered (then it
+    steps out of ``sys.meta_path``). A module it cannot wrap (no ``exec_module``) is left as found: its types
+    are then unkeyable, and a launch with them falls back to Triton, counted."""
+
+    def __init__(self, pending: dict[str, list[tuple[str, Callable[[Any], Any], bool]]]) -> None:
+        self.pending = pending
+        self.lock = threading.Lock()
+        self.busy = threading.local()  # another finder that asks all of sys.meta_path asks this one again
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in self.pending or getattr(self.busy, "on", False):
+            return None
+        self.busy.on = True
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self.busy.on = False
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _Then(spec.loader, self.ran)
+        return spec
+
+    def ran(self, module: types.ModuleType) -> None:
+        with self.lock:
+            todo = self.pending.pop(module.__name__, [])
+            if not self.pending:
+                with contextlib.suppress(ValueError):
+                    sys.meta_path.remove(self)
+        for name, adapter, subclasses in todo:
+            _register(getattr(module, name, None), adapter, subclasses)
+
+
+class _Then(importlib.abc.Loader):
+    """A module loader that runs ``after(module)`` once ``loader`` has run the module, then puts ``loader`` back as
+    the module's loader; everything else is ``loader``'s."""
+
+    def __init__(self, loader: Any, after: Callable[[types.ModuleType], None]) -> None:
+        self.loader = loader
+        self.after = after
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self.loader.exec_module(module)
+        # the module keeps no trace of the wrapper: its loader is the one that found it
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        try:
+            self.after(module)
+        except Exception:  # not the importer's problem: its types stay unkeyable, launches fall back
+            logging.getLogger("jitkey.triton").debug(
+                "jitkey.triton: registering the key adapters of %s failed", module.__name__, exc_info=True
+            )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+
 # Triton's argument types (dtypes, constexprs, JIT functions, tensor wrappers and descriptors) are keyable from
 # here on, decorated kernel or not.
-_installed.register_key_adapters()
+register_key_adapters()
 
 __all__ = [
     "PersistentAutotuner",
@@ -132,6 +238,7 @@ def fast_paths() -> dict[str, dict[str, Any]]:
     :mod:`jitkey.triton._l2`).
     """
     from jitkey.triton import _l2
+    from jitkey.triton._installed import triton_info
 
     info = triton_info()
     return {
@@ -153,6 +260,7 @@ def _watched_state(info: Any) -> dict[str, Any]:
 
 def _native_current() -> dict[str, Any]:
     from jitkey import _torch_current  # not at import: decoration does not need it (the first launch does)
+    from jitkey.triton import _installed
 
     rt = _installed.runtime
     if rt is not None:

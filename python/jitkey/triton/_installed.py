@@ -1,5 +1,5 @@
 """What ``jitkey.triton`` reads from the installed Triton: its per-call knob reads, its launcher (and the launch plan
-built from it), the CUDA runtime getters, and the registration of Triton's argument types as keyable.
+built from it) and the CUDA runtime getters. Imported at a kernel's first launch or inspection, not at decoration.
 
 Everything here is feature detection, done once per process (the source reads once per installation), against
 the release table ``jitkey._triton_table``: anything that does not look exactly like the Triton code this package
@@ -9,22 +9,18 @@ counted with the reason) rather than guessing.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
-import importlib.abc
 import inspect
-import logging
 import os
 import re
-import sys
 import threading
 import types
 from collections.abc import Callable
 from typing import Any
 
 from jitkey import _triton_table
-from jitkey._core import _LaunchPlan, _register_key_adapter
+from jitkey._core import _LaunchPlan
 from jitkey.errors import Unkeyable
 from jitkey.triton import _installation
 
@@ -406,93 +402,3 @@ def get_runtime() -> Runtime | None:
                 except Exception:
                     return None
     return runtime
-
-
-def register_key_adapters() -> None:
-    """Key Triton's argument types like Triton's own specialization does (``jitkey._triton_table.KEY_ADAPTERS``,
-    see ``_core._register_key_adapter``); called once, when ``jitkey.triton`` is imported.
-
-    An adapter whose module Triton has not imported yet (``triton.tools.tensor_descriptor``: only a program that
-    makes descriptors imports it) is registered right after that module is first imported (:class:`_AfterImport`),
-    so importing jitkey does not import it: no object of its types can exist before then."""
-    pending: dict[str, list[tuple[str, Callable[[Any], Any], bool]]] = {}
-    for module, name, adapter, subclasses in _triton_table.KEY_ADAPTERS:
-        if module in sys.modules:
-            _register(getattr(sys.modules[module], name, None), adapter, subclasses)
-        else:
-            pending.setdefault(module, []).append((name, adapter, subclasses))
-    if pending:
-        sys.meta_path.insert(0, _AfterImport(pending))
-
-
-def _register(cls: Any, adapter: Callable[[Any], Any], subclasses: bool) -> None:
-    if isinstance(cls, type):
-        _register_key_adapter(cls, adapter, subclasses=subclasses)
-
-
-class _AfterImport:
-    """A ``sys.meta_path`` finder that answers for the modules in ``pending`` only: it finds them with the other
-    finders and wraps their loader so that, once the module has run, its key adapters are registered (then it
-    steps out of ``sys.meta_path``). A module it cannot wrap (no ``exec_module``) is left as found: its types
-    are then unkeyable, and a launch with them falls back to Triton, counted."""
-
-    def __init__(self, pending: dict[str, list[tuple[str, Callable[[Any], Any], bool]]]) -> None:
-        self.pending = pending
-        self.lock = threading.Lock()
-        self.busy = threading.local()  # another finder that asks all of sys.meta_path asks this one again
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in self.pending or getattr(self.busy, "on", False):
-            return None
-        self.busy.on = True
-        try:
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
-            else:
-                return None
-        finally:
-            self.busy.on = False
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _Then(spec.loader, self.ran)
-        return spec
-
-    def ran(self, module: types.ModuleType) -> None:
-        with self.lock:
-            todo = self.pending.pop(module.__name__, [])
-            if not self.pending:
-                with contextlib.suppress(ValueError):
-                    sys.meta_path.remove(self)
-        for name, adapter, subclasses in todo:
-            _register(getattr(module, name, None), adapter, subclasses)
-
-
-class _Then(importlib.abc.Loader):
-    """A module loader that runs ``after(module)`` once ``loader`` has run the module, then puts ``loader`` back as
-    the module's loader; everything else is ``loader``'s."""
-
-    def __init__(self, loader: Any, after: Callable[[types.ModuleType], None]) -> None:
-        self.loader = loader
-        self.after = after
-
-    def create_module(self, spec: Any) -> Any:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        self.loader.exec_module(module)
-        # the module keeps no trace of the wrapper: its loader is the one that found it
-        module.__loader__ = self.loader
-        if module.__spec__ is not None:
-            module.__spec__.loader = self.loader
-        try:
-            self.after(module)
-        except Exception:  # not the importer's problem: its types stay unkeyable, launches fall back
-            logging.getLogger("jitkey.triton").debug(
-                "jitkey.triton: registering the key adapters of %s failed", module.__name__, exc_info=True
-            )
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.loader, name)

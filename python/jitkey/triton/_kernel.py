@@ -13,15 +13,19 @@ import threading
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from triton.runtime.jit import JITFunction
 from triton.runtime.jit import jit as _TRITON_JIT
 
 from jitkey._core import MISS, LruCache, Signature, _KernelBase, _TritonEntry, _TritonLauncher, _watch_bump
 from jitkey.errors import GlobalsChangedError, JitKeyError, Unkeyable
-from jitkey.triton import _installed
-from jitkey.triton._installed import launch_plan, triton_info
+
+if TYPE_CHECKING:
+    from jitkey.triton._installed import Runtime
+
+# jitkey.triton._installed (what the installed Triton is, its runtime, the launch plans) is imported at a kernel's
+# first launch or inspection, never at import: a library that only decorates kernels does not load it.
 
 _log = logging.getLogger("jitkey.triton")
 _MISSING = object()
@@ -79,6 +83,8 @@ class KernelStats:
             return self._plans[ck]
         except (KeyError, TypeError):
             pass
+        from jitkey.triton._installed import launch_plan
+
         plan, why = launch_plan(ck, ck.run, nparams)
         if plan is None:
             self.unplanned[str(why)] += 1
@@ -293,6 +299,8 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         return self._jk_problem
 
     def _check_static(self) -> str | None:
+        from jitkey.triton._installed import triton_info
+
         info = triton_info()
         if info.problem is not None:
             return info.problem
@@ -339,6 +347,8 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         GPU needed."""
         if self.fast_path_problem is not None:
             raise Unkeyable(self.fast_path_problem)
+        from jitkey.triton._installed import triton_info
+
         info = triton_info()
         if (
             info.checks_stages_hook
@@ -364,12 +374,14 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         return functools.partial(launch, grid)
 
     def _jk_make_launch(self) -> Callable[..., Any]:
+        from jitkey.triton import _installed
+
         self._jk_prepare()
         with self._jk_lock:
             if self._jk_launch is not None:
                 return self._jk_launch
             problem = self._jk_problem
-            if problem is None and triton_info().run is not JITFunction.run:
+            if problem is None and _installed.triton_info().run is not JITFunction.run:
                 problem = "JITFunction.run is patched"
             if problem is not None:
                 reason = problem
@@ -396,8 +408,10 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
             self._jk_launch = launcher.launch
             return self._jk_launch
 
-    def _jk_native_launcher(self, rt: _installed.Runtime | None) -> Any:
+    def _jk_native_launcher(self, rt: Runtime | None) -> Any:
         """A ``_TritonLauncher`` over this kernel's signature and cache (``rt=None``: for :meth:`key_of`)."""
+        from jitkey.triton._installed import triton_info
+
         info = triton_info()
         assert self._jk_sig is not None and self._jk_cache is not None
         npos = sum(
@@ -426,7 +440,7 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
         """A miss: returns ``(what Triton returned, the entry to store or None)``, or ``(MISS, entry)`` for a
         kernel jitkey's disk index gave (:mod:`jitkey.triton._l2`), which the launcher launches as a hit.
         Otherwise Triton runs the call (compiling if needed), and what it compiled is recorded for the L2."""
-        from jitkey.triton import _l2  # at the first miss: not an import-time cost
+        from jitkey.triton import _installed, _l2  # at the first miss: not an import-time cost
 
         rt, launcher = _installed.runtime, self._jk_launcher
         l2 = None
@@ -471,6 +485,8 @@ class TritonKernel(_KernelBase, JITFunction):  # type: ignore[misc]
 
     def _jk_where(self, ck: Any) -> tuple[dict[Any, Any], Any] | None:
         """``(kernel_cache, key)``: where Triton keeps ``ck`` for the current device (see ``_TritonEntry``)."""
+        from jitkey.triton import _installed
+
         rt = _installed.runtime
         if rt is None:
             return None
