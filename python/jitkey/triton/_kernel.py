@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from triton import knobs as _knobs
 from triton.runtime.jit import JITFunction
 from triton.runtime.jit import jit as _TRITON_JIT
 
@@ -609,9 +610,7 @@ def jit(
     }
 
     def decorator(f: Any) -> Any:
-        from triton import knobs
-
-        if knobs.runtime.interpret or plain():
+        if _knobs.runtime.interpret or plain():
             return _TRITON_JIT(f, **opts)
         assert callable(f)
         return TritonKernel(f, **opts)
