@@ -8,7 +8,8 @@ Usage: ``python _l2_child.py CONFIG_JSON`` with ``{"mode": "jitkey" | "plain", "
 module, "calls": [[kernel, [args...], {kwargs}], ...], "setup": python code run before the calls, "then": python
 code run after them (``extra`` is reported), "watch": bool}`` (``watch``: report which of Triton's compile path,
 ``triton_key()`` and binder, and its generation, ran); an arg ``["t", dtype]`` is a 4096-element CPU tensor of that dtype (offset by one
-element with ``["t+1", dtype]``), ``["tl", name]`` is ``triton.language.<name>``, anything else is passed as it is.
+element with ``["t+1", dtype]``), ``["tl", name]`` is ``triton.language.<name>``, ``["fn", name]`` the kernels module's ``name`` (a jit function passed
+as a constexpr), anything else is passed as it is.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class Utils:
 def _arg(a: Any) -> Any:
     if isinstance(a, torch.Tensor):
         return [str(a.dtype), a.data_ptr() % 16]
+    if isinstance(a, triton.runtime.jit.JITFunction):  # a jitkey kernel or Triton's: the same function
+        return ["jit", a.cache_key]
     return a if isinstance(a, (int, float, bool, str, type(None))) else type(a).__name__
 
 
@@ -98,6 +101,8 @@ class FakeDriver(DriverBase):
 
 
 def _value(a: Any) -> Any:
+    if isinstance(a, list) and a and a[0] == "fn":
+        return getattr(sys.modules["l2_kernels"], a[1])
     if isinstance(a, list) and a and a[0] in ("t", "t+1"):
         t = torch.empty(4096 + 16, dtype=getattr(torch, a[1]))
         return t[1:] if a[0] == "t+1" else t

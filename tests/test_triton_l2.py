@@ -592,3 +592,57 @@ def test_an_annotation_set_apart_from_the_source_is_part_of_the_key(tmp_path: Pa
     again = scene.run("jitkey")
     assert l2(again, "l2_hits") == 1
     assert_same(again, plain)
+
+
+APPLY = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def double(v):
+    return v * 2
+
+
+@triton.jit
+def triple(v):
+    return v * 3
+
+
+@triton.jit
+def apply(x_ptr, n, F: tl.constexpr, G: tl.constexpr = double):
+    i = tl.arange(0, 128)
+    m = i < n
+    tl.store(x_ptr + i, G(F(tl.load(x_ptr + i, mask=m))), mask=m)
+"""
+
+APPLY_CALLS: list[list[Any]] = [
+    ["apply", [["t", "float32"], 100, ["fn", "double"]], {}],
+    ["apply", [["t", "float32"], 100, ["fn", "triple"]], {}],
+    ["apply", [["t", "float32"], 100, ["fn", "double"]], {"G": ["fn", "triple"]}],
+    ["apply", [["t", "float32"], 100], {"F": ["fn", "triple"], "G": ["fn", "triple"]}],
+]
+
+
+def test_a_jit_function_passed_as_a_constexpr_is_recorded_and_taken_from_the_call(tmp_path: Path) -> None:
+    """A kernel that takes a jit function as a ``tl.constexpr`` (Triton's tests and kernel libraries pass
+    activations that way): the record keeps the function's ``cache_key`` and a later process takes the function
+    from its own call (positional, keyword or the default), so it loads what Triton loads. An edited function
+    has another key: a miss, then Triton's kernel for it."""
+    scene = Scene(tmp_path, APPLY, APPLY_CALLS)
+    first = scene.run("jitkey")
+    assert l2(first, "l2_recorded") == len(APPLY_CALLS), first["stats"]
+    assert len(set(hashes(first))) == len(APPLY_CALLS)
+    jk, plain = scene.run("jitkey", watch=True), scene.run("plain")
+    assert l2(jk, "l2_hits") == len(APPLY_CALLS) and jk["watched"] == []
+    assert_same(jk, plain)
+    scene.write(APPLY.replace("return v * 3", "return v * 4"))  # triple changes: three of the calls pass it
+    jk, plain = scene.run("jitkey"), scene.run("plain")
+    assert_same(jk, plain)
+    assert l2(jk, "l2_hits") == 1 and l2(jk, "l2_misses") == 3
+    assert [a["hash"] == b["hash"] for a, b in zip(jk["calls"], first["calls"], strict=True)] == [
+        True,
+        False,
+        False,
+        False,
+    ]

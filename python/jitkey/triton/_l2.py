@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import io
 import json
 import os
@@ -227,7 +228,18 @@ def _options_key(options: Any) -> tuple[Any, ...]:
 class Pending:
     """A call's L2 key and what it was computed from, until Triton's own path gives the kernel to record."""
 
-    __slots__ = ("arch", "cache_dir", "env_vars", "key", "options", "options_str", "ptxas", "target")
+    __slots__ = (
+        "arch",
+        "args",
+        "cache_dir",
+        "env_vars",
+        "key",
+        "kwargs",
+        "options",
+        "options_str",
+        "ptxas",
+        "target",
+    )
 
     def __init__(
         self,
@@ -238,6 +250,8 @@ class Pending:
         options_str: str,
         env_vars: dict[str, str],
         cache_dir: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> None:
         self.key = key
         self.target = target
@@ -247,6 +261,10 @@ class Pending:
         self.options_str = options_str  # str() of the options JITFunction.run's key ends with
         self.env_vars = env_vars
         self.cache_dir = cache_dir
+        self.args, self.kwargs = (
+            args,
+            kwargs,
+        )  # the call (a jit function passed as a constexpr is taken from it)
 
 
 class Loaded:
@@ -328,7 +346,7 @@ def lookup(kernel: Any, launcher: Any, device: int, args: tuple[Any, ...], kwarg
     except Exception as exc:  # an argument Triton rejects, an unkeyable option: Triton's path decides
         stats.l2_skipped[f"not keyable for the L2 ({type(exc).__name__})"] += 1
         return None
-    pending = Pending(key, tgt, ptxas, options, str(run_options), env_vars, cache_dir)
+    pending = Pending(key, tgt, ptxas, options, str(run_options), env_vars, cache_dir, args, kwargs)
     ix = _installation.index()
     try:
         raw = ix.get(key) if ix is not None else None
@@ -485,8 +503,11 @@ def _init_handles_36(ck: Any) -> None:
 
 
 def _encode_value(v: Any) -> Any:
-    """A constant as tagged JSON (raises ``TypeError`` for what it cannot rebuild exactly)."""
+    """A constant as tagged JSON (raises ``TypeError`` for what it cannot rebuild exactly). A jit function (a
+    ``JITFunction`` passed as a constexpr) is kept as its ``cache_key``: a later process takes the function from its
+    own call and checks that key (see :func:`_decode_value`)."""
     import triton.language as tl
+    from triton.runtime.jit import JITFunction
 
     t = type(v)
     if v is None or t in (bool, int, str):
@@ -499,11 +520,16 @@ def _encode_value(v: Any) -> Any:
         return {"constexpr": _encode_value(v.value)}
     if t is tl.dtype:
         return {"dtype": v.name}
+    if isinstance(v, JITFunction):
+        return {"jit": v.cache_key}
     raise TypeError(f"a constant of type {t.__qualname__}")
 
 
-def _decode_value(d: Any) -> Any:
+def _decode_value(d: Any, at: Callable[[], Any] | None) -> Any:
+    """The constant ``d`` stands for. ``at()``: the call's own value at the constant's path (``None`` inside a
+    tuple: a jit function is rebuilt only where Triton found it, a parameter's own value)."""
     import triton.language as tl
+    from triton.runtime.jit import JITFunction
 
     (tag, x), *rest = d.items()
     if rest:
@@ -513,12 +539,38 @@ def _decode_value(d: Any) -> Any:
     if tag == "f":
         return float.fromhex(x)
     if tag == "tuple":
-        return tuple(_decode_value(y) for y in x)
+        return tuple(_decode_value(y, None) for y in x)
     if tag == "constexpr":
-        return tl.constexpr(_decode_value(x))
+        return tl.constexpr(_decode_value(x, at))
     if tag == "dtype":
         return tl.dtype(x)
+    if tag == "jit":
+        fn: Any = at() if at is not None else None
+        if type(fn) is tl.constexpr:
+            fn = fn.value
+        if not isinstance(fn, JITFunction) or not isinstance(x, str) or fn.cache_key != x:
+            raise ValueError("a jit function the call does not pass")
+        return fn
     raise ValueError(f"an unknown constant tag {tag!r}")
+
+
+def _call_value(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any], path: tuple[int, ...]) -> Any:
+    """The call's value at a constant's path, as Triton's binder binds it (``bound_args``: positional, keyword,
+    then the default) and ``_pack_args`` reads it (``get_iterable_path``). Raises ``LookupError`` without one."""
+    i, *inner = path
+    if i < len(args):
+        value = args[i]
+    else:
+        name = kernel.params[i].name
+        if name in kwargs:
+            value = kwargs[name]
+        else:
+            value = kernel.signature.parameters[name].default
+            if value is inspect.Parameter.empty:
+                raise LookupError(name)
+    for j in inner:
+        value = value[j]
+    return value
 
 
 def _tuples(v: Any) -> Any:
@@ -533,12 +585,16 @@ def _encode_spec(src: Any) -> dict[str, Any]:
     }
 
 
-def _decode_spec(kernel: Any, spec: dict[str, Any]) -> Any:
-    """The ``ASTSource`` Triton compiled the kernel from (``ASTSource(fn, signature, constexprs, attrs)``)."""
+def _decode_spec(kernel: Any, spec: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The ``ASTSource`` Triton compiled the kernel from (``ASTSource(fn, signature, constexprs, attrs)``), for the
+    call ``args``/``kwargs``."""
     from triton.compiler.compiler import ASTSource
 
     signature = {str(k): _tuples(v) for k, v in spec["signature"]}
-    constexprs = {tuple(k): _decode_value(v) for k, v in spec["constants"]}
+    constexprs: dict[tuple[int, ...], Any] = {}
+    for k, v in spec["constants"]:
+        path = tuple(k)
+        constexprs[path] = _decode_value(v, functools.partial(_call_value, kernel, args, kwargs, path))
     attrs = {tuple(k): v for k, v in spec["attrs"]}
     return ASTSource(kernel, signature, constexprs, attrs)
 
@@ -631,8 +687,14 @@ def _build(kernel: Any, raw: bytes, p: Pending, backend: Any, dialect: str) -> A
         if rec.get("v") != VERSION:
             return "an L2 record of another format"
         h, files, group = rec["hash"], rec["files"], rec["group"]
-        src = _decode_spec(kernel, rec["spec"])
-        if src.hash() != rec["src_hash"]:  # the rebuilt specialization is exactly the one Triton compiled
+        try:
+            src = _decode_spec(kernel, rec["spec"], p.args, p.kwargs)
+            rebuilt = src.hash() == rec["src_hash"]  # exactly the specialization Triton compiled
+        except (
+            Exception
+        ):  # a constant the call does not hold as recorded (a jit function's cache_key raising)
+            rebuilt = False
+        if not rebuilt:
             return "an L2 record whose specialization does not rebuild"
         tkey = rec["tkey_spec"] + p.options_str  # JITFunction.run's key: str(specialization) + str(options)
         entry_dir = os.path.normpath(os.path.join(p.cache_dir, _base32(h)))
@@ -716,10 +778,14 @@ def record(kernel: Any, pending: Pending, ck: Any, tkey: Any) -> None:
     if why is None:
         try:
             spec = _encode_spec(ck.src)
-            if _decode_spec(kernel, json.loads(json.dumps(spec))).hash() != ck.src.hash():
+            again = _decode_spec(kernel, json.loads(json.dumps(spec)), pending.args, pending.kwargs)
+            if again.hash() != ck.src.hash():
                 why = "its specialization does not round-trip"
-        except (TypeError, ValueError) as exc:
-            why = f"{exc} (jitkey stores ints, floats, bools, str, None, tuples, tl.constexpr and tl.dtype)"
+        except (TypeError, ValueError, LookupError) as exc:
+            why = (
+                f"{exc} (jitkey stores ints, floats, bools, str, None, tuples, tl.constexpr, tl.dtype and jit"
+                " functions passed as parameters)"
+            )
     if why is not None:
         stats.l2_skipped[f"not recorded: {why}"] += 1
         return
