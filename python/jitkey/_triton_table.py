@@ -13,7 +13,7 @@ without Triton; ``jitkey.triton`` applies it). What each part is for:
   path off.
 - :data:`KEY_ADAPTERS`: how Triton specializes on its own argument types, registered with
   ``jitkey._core._register_key_adapter`` when ``jitkey.triton`` is imported (a module Triton has not imported
-  by then, right after it is: ``jitkey.triton._installed.register_key_adapters``).
+  by then, right after it is: ``jitkey.triton._register_key_adapters``).
 - :data:`FNKEY_TYPES`: the Triton types ``jitkey.fnkey`` follows or keys by value.
 """
 

@@ -109,7 +109,7 @@ class _Package(types.ModuleType):
 sys.modules[__name__].__class__ = _Package
 
 
-def register_key_adapters() -> None:
+def _register_key_adapters() -> None:
     """Key Triton's argument types like Triton's own specialization does (``jitkey._triton_table.KEY_ADAPTERS``,
     see ``_core._register_key_adapter``); called once, when this package is imported.
 
@@ -201,7 +201,7 @@ class _Then(importlib.abc.Loader):
 
 # Triton's argument types (dtypes, constexprs, JIT functions, tensor wrappers and descriptors) are keyable from
 # here on, decorated kernel or not.
-register_key_adapters()
+_register_key_adapters()
 
 __all__ = [
     "PersistentAutotuner",

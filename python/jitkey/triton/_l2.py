@@ -261,10 +261,9 @@ class Pending:
         self.options_str = options_str  # str() of the options JITFunction.run's key ends with
         self.env_vars = env_vars
         self.cache_dir = cache_dir
-        self.args, self.kwargs = (
-            args,
-            kwargs,
-        )  # the call (a jit function passed as a constexpr is taken from it)
+        # the call itself: a jit function passed as a constexpr is taken from it (see _decode_value)
+        self.args = args
+        self.kwargs = kwargs
 
 
 class Loaded:
@@ -687,12 +686,12 @@ def _build(kernel: Any, raw: bytes, p: Pending, backend: Any, dialect: str) -> A
         if rec.get("v") != VERSION:
             return "an L2 record of another format"
         h, files, group = rec["hash"], rec["files"], rec["group"]
+        # The rebuilt specialization must be exactly the one Triton compiled. A constant the call does not hold
+        # as recorded (a jit function's cache_key raising, say) is a miss.
         try:
             src = _decode_spec(kernel, rec["spec"], p.args, p.kwargs)
-            rebuilt = src.hash() == rec["src_hash"]  # exactly the specialization Triton compiled
-        except (
-            Exception
-        ):  # a constant the call does not hold as recorded (a jit function's cache_key raising)
+            rebuilt = src.hash() == rec["src_hash"]
+        except Exception:
             rebuilt = False
         if not rebuilt:
             return "an L2 record whose specialization does not rebuild"
