@@ -7,7 +7,7 @@ gave: the compiled kernel (hash, binary digest, metadata, IR), what was loaded a
 Usage: ``python _l2_child.py CONFIG_JSON`` with ``{"mode": "jitkey" | "plain", "module": path of the kernels
 module, "calls": [[kernel, [args...], {kwargs}], ...], "setup": python code run before the calls, "then": python
 code run after them (``extra`` is reported), "watch": bool}`` (``watch``: report which of Triton's compile path,
-``triton_key()`` and binder, and its generation, ran); an arg ``["t", dtype]`` is a 4096-element CPU tensor of that dtype (offset by one
+``triton_key()``, binder, its generation and the parse of a kernel's source, ran); an arg ``["t", dtype]`` is a 4096-element CPU tensor of that dtype (offset by one
 element with ``["t+1", dtype]``), ``["tl", name]`` is ``triton.language.<name>``, ``["fn", name]`` the kernels module's ``name`` (a jit function passed
 as a constexpr), anything else is passed as it is.
 """
@@ -146,6 +146,7 @@ def main() -> None:
             ("runtime/jit.py", "dynamic_func"),
             ("<string>", "dynamic_func"),
             ("runtime/jit.py", "create_function_from_signature"),
+            ("runtime/jit.py", "parse"),  # the walk behind cache_key (jitkey replays a recorded one)
         }
 
         def profile(frame: Any, event: str, arg: Any) -> None:

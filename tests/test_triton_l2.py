@@ -146,7 +146,8 @@ def test_a_fresh_process_loads_exactly_the_kernel_triton_loads(warm: Any) -> Non
     assert l2(first, "l2_misses") == len(CALLS) and l2(first, "l2_recorded") == len(CALLS)
     assert l2(first, "l2_hits") == 0
     # The later process: every call from the L2; neither Triton's compile path, triton_key() nor its binder ran,
-    # nor was the binder generated (nor Gluon imported, as Triton's first binder call does).
+    # nor was the binder generated (nor Gluon imported, as Triton's first binder call does), nor a kernel's
+    # source parsed (its cache_key walk replayed).
     assert l2(loaded, "l2_hits") == len(CALLS) and l2(loaded, "l2_misses") == 0
     assert loaded["watched"] == [] and loaded["gluon"] is False
     # The watch is real: the plain process ran all of them.
@@ -156,6 +157,7 @@ def test_a_fresh_process_loads_exactly_the_kernel_triton_loads(warm: Any) -> Non
         "_do_compile",
         "dynamic_func",
         "create_function_from_signature",
+        "parse",
     } <= set(plain["watched"]) and plain["gluon"]
     assert all(s["fallbacks"] == 0 for s in loaded["stats"].values())
     assert_same(loaded, plain)

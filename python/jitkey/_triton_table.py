@@ -52,9 +52,14 @@ def cache_key(f: Any) -> Any:
     """``f.cache_key`` (a ``JITCallable``'s: its source, its dependencies and the constexpr globals it reads),
     leaving ``f`` as it was when it raises: Triton's property stores a placeholder hash before it visits the
     source, and one that raises (an inner kernel's conflicting global) leaves the placeholder behind, so a
-    later read by Triton's own path would return it instead of raising Triton's error."""
+    later read by Triton's own path would return it instead of raising Triton's error. The first one in a
+    process is replayed from the L2 where it holds a recording of Triton's walk (``jitkey.triton._walk``)."""
     had = "hash" in f.__dict__
     before = f.__dict__.get("hash")
+    if before is None:
+        from jitkey.triton._walk import restore_if_on
+
+        restore_if_on(f)
     try:
         return f.cache_key
     except BaseException:

@@ -44,18 +44,18 @@ from collections.abc import Callable
 from typing import Any
 
 from jitkey._core import digest
-from jitkey.triton import _installation
+from jitkey.triton import _installation, _walk
 
 SCHEMA = "jitkey.triton.l2"
 VERSION = 2  # 2: the parameters' annotations and specialization opt-outs are in the key
 
 # The code of the Triton functions the L2 mirrors or stands in for (whitespace-normalized, comments dropped,
 # hashed by ``_l2_code_digest``): the compile path's cache-hit branch and its key, the CompiledKernel it
-# builds, the cache manager that finds the files, ``_do_compile``'s bookkeeping, and what ``backend.hash()`` and
-# ``options.hash()`` read. Known code maps to the dialect ``_build`` mirrors it in; anything else keeps the L2 off.
+# builds, the cache manager that finds the files, ``_do_compile``'s bookkeeping, what ``backend.hash()`` and
+# ``options.hash()`` read, and the walk behind a kernel's ``cache_key`` (replayed by ``_walk``). Known code maps to the dialect ``_build`` mirrors it in; anything else keeps the L2 off.
 _KNOWN_L2_CODE = {
-    "6474015e4841df87141641970eb1f50e4f7372cf2ae343dc3ff41b3887238419": "3.6",  # triton 3.6.0
-    "80de4535189fb6484db259b69b7eebeceb6d55115c2998b0926ee1cec4dedbf6": "3.9",  # triton 3.9.0
+    "b933f604ece62c1a6c389377d5c77c64cb0e73ac6e376b1bdaf9b6defe15ba2c": "3.6",  # triton 3.6.0
+    "d4629099eccd49cc692a98f07228b71a5acafecbba3d953aad83374bf58976a4": "3.9",  # triton 3.9.0
 }
 # Which ptxas ``get_ptxas(arch)`` picks, per dialect: the ``ptxas-blackwell`` build from this arch on.
 _BLACKWELL_PTXAS_FROM = {"3.6": 100, "3.9": 90}
@@ -80,6 +80,8 @@ def _l2_code_objects() -> list[Any]:
         jit.JITFunction._pack_args,
         jit.JITFunction.create_binder,
         jit.compute_cache_key,
+        jit.DependenciesFinder,  # the walk jitkey.triton._walk replays
+        jit.JITCallable.cache_key.fget,
         nvc.CUDABackend.hash,
         nvc.get_ptxas_version,
         nvc.get_ptxas,
@@ -296,9 +298,12 @@ def lookup(kernel: Any, launcher: Any, device: int, args: tuple[Any, ...], kwarg
         stats.l2_skipped[why] += 1
         return None
     try:
+        # Replayed from its recorded walk if this process has not hashed it yet (so are the jit functions the
+        # call passes, in launcher.key); a walk Triton made instead is recorded below (_record_walks).
         content = cache_key(kernel)  # leaves the kernel as it was if it raises
     except Exception as exc:  # Triton's own path computes it again and raises its error
         stats.l2_skipped[f"not keyable for the L2 ({type(exc).__name__} from cache_key)"] += 1
+        _record_walks(kernel, dialect)
         return None
     try:
         call_key = launcher.key(args, kwargs, device, persistent=True)
@@ -345,6 +350,8 @@ def lookup(kernel: Any, launcher: Any, device: int, args: tuple[Any, ...], kwarg
     except Exception as exc:  # an argument Triton rejects, an unkeyable option: Triton's path decides
         stats.l2_skipped[f"not keyable for the L2 ({type(exc).__name__})"] += 1
         return None
+    finally:
+        _record_walks(kernel, dialect)
     pending = Pending(key, tgt, ptxas, options, str(run_options), env_vars, cache_dir, args, kwargs)
     ix = _installation.index()
     try:
@@ -816,6 +823,17 @@ def record(kernel: Any, pending: Pending, ck: Any, tkey: Any) -> None:
             stats.l2_recorded += 1
     except Exception as exc:  # a value too large, a warning turned into an error: not recorded
         stats.l2_skipped[f"not recorded: {type(exc).__name__}"] += 1
+
+
+def _record_walks(kernel: Any, dialect: str) -> None:
+    """Record the ``cache_key`` walks Triton made since the last time (:func:`jitkey.triton._walk.flush`); why
+    not, counted in the kernel's statistics."""
+    try:
+        problems = _walk.flush(dialect)
+    except Exception as exc:
+        problems = [type(exc).__name__]
+    for why in problems:
+        kernel._jk_stats.l2_skipped[f"cache_key walk not recorded: {why}"] += 1
 
 
 _HASH = re.compile(r"[0-9a-f]{64}")
