@@ -260,3 +260,26 @@ def test_without_a_usable_disk_index_detection_runs_per_process_and_the_l2_is_of
     assert first["calls"] > 0 and second["calls"] > 0  # nothing persisted: inspected in each process
     assert second["facts"] == first["facts"] and first["facts"][0] is None  # and the fast path is still on
     assert second["l2"]["on"] is False and why in second["l2"]["why"]
+
+
+L2_CODE = """
+import json
+import triton
+from jitkey.triton import _l2
+
+calls = []
+digest = _l2._l2_code_digest
+_l2._l2_code_digest = lambda: calls.append(1) or digest()
+print(json.dumps({"status": list(_l2._code_status()), "calls": len(calls)}))
+"""
+
+
+def test_the_l2_code_digest_is_read_once_per_installation_whatever_the_hash_seed(tmp_path: Path) -> None:
+    """The digest of the Triton code the L2 mirrors (its source, read with ``inspect``: about 0.1 s) is kept under
+    the identity of that code. A set display in it compiles to a ``frozenset`` constant whose ``repr`` follows
+    the process's string hash: the identity must not, or every process reads the source again."""
+    cache = tmp_path / "jk"
+    first = run_child(L2_CODE, cache=cache, JITKEY_TRITON_L2="1", PYTHONHASHSEED="1")
+    second = run_child(L2_CODE, cache=cache, JITKEY_TRITON_L2="1", PYTHONHASHSEED="2")
+    assert first["status"][1] is None and first["calls"] == 1
+    assert second["status"] == first["status"] and second["calls"] == 0

@@ -155,13 +155,22 @@ def _member_codes(name: str, obj: Any, depth: int) -> Iterable[tuple[str, Any]]:
         yield from _member_codes(f"{name}.__wrapped__", wrapped, depth + 1)
 
 
+def _const_key(c: Any) -> Any:
+    """A code object's constant as a key, the same in every process: a ``frozenset`` (what a set display of
+    constants compiles to) by its sorted members, since its ``repr`` follows the per-process string hash."""
+    if isinstance(c, types.CodeType):
+        return _code_key(c)
+    if isinstance(c, frozenset):
+        return ("frozenset", tuple(sorted(repr(_const_key(x)) for x in c)))
+    if isinstance(c, tuple):
+        return ("tuple", tuple(_const_key(x) for x in c))
+    return (type(c).__qualname__, repr(c))
+
+
 def _code_key(code: types.CodeType) -> tuple[Any, ...]:
     """What a code object holds, as a key: its bytecode, constants (nested code recursively), names, line table,
     file and first line. (``marshal`` output also depends on reference counts, so it is not used.)"""
-    consts = tuple(
-        _code_key(c) if isinstance(c, types.CodeType) else (type(c).__qualname__, repr(c))
-        for c in code.co_consts
-    )
+    consts = tuple(_const_key(c) for c in code.co_consts)
     return (
         code.co_filename,
         code.co_name,
