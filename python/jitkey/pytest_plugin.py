@@ -306,9 +306,10 @@ def _print(tr: Any, rep: dict[str, Any]) -> None:
         f"fallbacks {rep['fallbacks']}  fast path {'-' if share is None else f'{100 * share:.2f}%'} of warm launches"
     )
     _reasons(tr, rep["fallback_reasons"], "fallback {n:>7}")
+    # driver_launches counts the misses the L2 served too: jitkey launches those as it launches a hit.
     tr.write_line(
-        f"hits launched by jitkey itself (cuLaunchKernelEx): {rep['driver_launches']}; "
-        f"through Triton's launcher: {rep['hits'] - rep['driver_launches']}"
+        f"hits and L2-served misses launched by jitkey itself (cuLaunchKernelEx): {rep['driver_launches']}; "
+        f"through Triton's launcher: {rep['hits'] + rep['l2_hits'] - rep['driver_launches']}"
     )
     _reasons(tr, rep["launcher_reasons"], "declined {n:>7} hits")
     _reasons(tr, rep["unplanned_variants"], "no launch plan {n:>5} compiled variants")

@@ -290,8 +290,8 @@ def report(top: int = 10) -> dict[str, Any]:
 
     ``kernels``, ``launches`` (hits + misses + fallbacks), ``hits``, ``misses`` (Triton ran the call,
     compiling if needed), ``fallbacks`` and ``fallback_reasons``, ``warm_fast_path`` (hits / (hits +
-    fallbacks): the share of launches that did not compile and took the fast path), ``driver_launches`` (hits
-    that jitkey packed and launched itself), ``launcher_reasons`` (hits a launch plan declined and handed to
+    fallbacks): the share of launches that did not compile and took the fast path), ``driver_launches`` (hits,
+    and misses the L2 served, that jitkey packed and launched itself), ``launcher_reasons`` (hits a launch plan declined and handed to
     Triton's launcher, by reason), ``unplanned_variants`` (compiled variants without a launch plan, by reason:
     all their hits use Triton's launcher), ``l2_hits`` (misses served from jitkey's disk index: a kernel an earlier
     process compiled, loaded without Triton's compile path), ``l2_misses`` (misses the index did not have: Triton

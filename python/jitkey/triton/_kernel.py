@@ -45,10 +45,10 @@ def plain() -> bool:
 
 class KernelStats:
     """What one kernel's launches did: ``hits``, ``misses`` (Triton ran the call) and fallbacks by reason;
-    and of the hits, how many jitkey launched itself (``driver_launches``), why the others went through
-    Triton's launcher (``launcher_reasons``: calls a launch plan declined, by reason) and why compiled
-    variants have no launch plan at all (``unplanned_variants``: variants, by reason; their hits all go
-    through Triton's launcher)."""
+    and of the hits and the misses the L2 served, how many jitkey launched itself (``driver_launches``), why
+    the others went through Triton's launcher (``launcher_reasons``: calls a launch plan declined, by reason)
+    and why compiled variants have no launch plan at all (``unplanned_variants``: variants, by reason; their
+    hits all go through Triton's launcher)."""
 
     __slots__ = (
         "_cache",
