@@ -106,10 +106,10 @@ def _code_status() -> tuple[str | None, str | None]:
     if setting == "0":
         return None, "JITKEY_TRITON_L2=0"
     if setting != "1":
-        # Opt-in: Triton's own suite passes with it on a GPU, the kernel libraries' suites have not run with it.
+        # Opt-in: Triton's own suite passes with it on a GPU; of the kernel libraries' suites only parts have run.
         return (
             None,
-            "off by default (the kernel libraries' suites have not run with it); JITKEY_TRITON_L2=1 turns it on",
+            "off by default (the kernel libraries' whole suites have not run with it); JITKEY_TRITON_L2=1 turns it on",
         )
     from jitkey.triton._installed import triton_info
 
