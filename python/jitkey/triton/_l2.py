@@ -52,7 +52,8 @@ VERSION = 2  # 2: the parameters' annotations and specialization opt-outs are in
 # The code of the Triton functions the L2 mirrors or stands in for (whitespace-normalized, comments dropped,
 # hashed by ``_l2_code_digest``): the compile path's cache-hit branch and its key, the CompiledKernel it
 # builds, the cache manager that finds the files, ``_do_compile``'s bookkeeping, what ``backend.hash()`` and
-# ``options.hash()`` read, and the walk behind a kernel's ``cache_key`` (replayed by ``_walk``). Known code maps to the dialect ``_build`` mirrors it in; anything else keeps the L2 off.
+# ``options.hash()`` read, and the walk behind a kernel's ``cache_key`` (replayed by ``_walk``). Known code maps
+# to the dialect ``_build`` and ``_walk`` mirror it in; anything else keeps the L2 off.
 _KNOWN_L2_CODE = {
     "b933f604ece62c1a6c389377d5c77c64cb0e73ac6e376b1bdaf9b6defe15ba2c": "3.6",  # triton 3.6.0
     "d4629099eccd49cc692a98f07228b71a5acafecbba3d953aad83374bf58976a4": "3.9",  # triton 3.9.0
