@@ -173,6 +173,7 @@ def test_a_worker_that_never_reported_is_counted_from_its_last_snapshot(tmp_path
     workers.mkdir()
     snap = jitkey.triton.merge_reports([], 10)
     snap.update(kernels=3, launches=100, hits=90, misses=3, fallbacks=7, driver_launches=80, l2_hits=2)
+    snap["l2_walks"] = {"replayed": 5, "walked": 1}
     snap["fallback_reasons"] = {"pre_run_hooks": 7}
     (workers / "gw3.json").write_text(json.dumps(snap))
     old = workers / "gw9.json"  # an earlier run's
@@ -189,3 +190,5 @@ def test_a_worker_that_never_reported_is_counted_from_its_last_snapshot(tmp_path
     assert "1 xdist workers never reported their final numbers" in proc.stdout, proc.stdout
     # jitkey launched 80 of the 90 hits and 2 L2-served misses: 12 went through Triton's launcher.
     assert "launched by jitkey itself (cuLaunchKernelEx): 80; through Triton's launcher: 12" in proc.stdout
+    assert rep["l2_walks"] == {"replayed": 5, "walked": 1}
+    assert "replayed from the L2 5, walked by Triton 1" in proc.stdout

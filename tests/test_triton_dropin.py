@@ -375,6 +375,7 @@ def test_report_merges_processes():
         "l2_recorded": 1,
         "l2_skipped": {},
         "kept": {"torch Inductor's own kernel": 3},
+        "l2_walks": {"replayed": 6, "walked": 2},
         "busiest": [{"kernel": "m:k", "launches": 5, "hits": 4, "misses": 1, "fallbacks": 0}],
     }
     m = merge([a, b], top=5)
@@ -385,6 +386,8 @@ def test_report_merges_processes():
     assert (m["l2_hits"], m["l2_misses"], m["l2_recorded"]) == (1, 1, 1)
     assert m["l2_skipped"] == {"a jit_cache_hook or jit_post_compile_hook is set": 2}
     assert m["kept"] == {"torch Inductor's own kernel": 3}  # a process's report has it, a kernel's does not
+    assert m["l2_walks"] == {"replayed": 6, "walked": 2}  # (so has this)
+    assert merge([a, b, b], top=5)["l2_walks"] == {"replayed": 12, "walked": 4}
     assert jitkey.triton.report()["kernels"] >= 1
 
 

@@ -163,6 +163,9 @@ def test_a_fresh_process_loads_exactly_the_kernel_triton_loads(warm: Any) -> Non
     assert_same(loaded, plain)
     assert_same(first, plain)
     assert loaded["report"]["l2_hits"] == len(CALLS)
+    # Each kernel's cache_key walked by Triton (and recorded, its helper's too) first; all replayed later.
+    assert first["report"]["l2_walks"] == {"replayed": 0, "walked": 3}  # (helper: inside add's walk)
+    assert loaded["report"]["l2_walks"] == {"replayed": 4, "walked": 0}
 
 
 def test_the_binder_of_a_loaded_kernel_binds_as_tritons_at_its_first_use(warm: Any) -> None:

@@ -318,6 +318,12 @@ def _print(tr: Any, rep: dict[str, Any]) -> None:
         f"{rep['l2_hits']}; not in it: {rep['l2_misses']} ({rep['l2_recorded']} recorded for later processes)"
     )
     _reasons(tr, rep["l2_skipped"], "L2 not used {n:>6} misses")
+    walks = rep.get("l2_walks", {})
+    if walks.get("replayed") or walks.get("walked"):
+        tr.write_line(
+            f"first cache_key of a jit function (kernel or helper): replayed from the L2 {walks['replayed']}, "
+            f"walked by Triton {walks['walked']}"
+        )
     _reasons(tr, rep["kept"], "kept by Triton {n:>5} kernels", most=None)
     for b in rep["busiest"]:
         tr.write_line(

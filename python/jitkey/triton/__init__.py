@@ -291,13 +291,15 @@ def report(top: int = 10) -> dict[str, Any]:
     ``kernels``, ``launches`` (hits + misses + fallbacks), ``hits``, ``misses`` (Triton ran the call,
     compiling if needed), ``fallbacks`` and ``fallback_reasons``, ``warm_fast_path`` (hits / (hits +
     fallbacks): the share of launches that did not compile and took the fast path), ``driver_launches`` (hits,
-    and misses the L2 served, that jitkey packed and launched itself), ``launcher_reasons`` (hits a launch plan declined and handed to
-    Triton's launcher, by reason), ``unplanned_variants`` (compiled variants without a launch plan, by reason:
-    all their hits use Triton's launcher), ``l2_hits`` (misses served from jitkey's disk index: a kernel an earlier
+    and misses the L2 served, that jitkey packed and launched itself), ``launcher_reasons`` (hits a launch plan
+    declined and handed to Triton's launcher, by reason), ``unplanned_variants`` (compiled variants without a
+    launch plan, by reason: all their hits use Triton's launcher), ``l2_hits`` (misses served from jitkey's disk index: a kernel an earlier
     process compiled, loaded without Triton's compile path), ``l2_misses`` (misses the index did not have: Triton
     compiled or loaded them), ``l2_recorded`` (kernels Triton gave that were recorded for later processes),
-    ``l2_skipped`` (misses left to Triton's path, by reason), ``kept`` (kernels :func:`install` left to Triton, by
-    reason: Triton's own, Inductor's) and the ``busiest`` kernels by launches.
+    ``l2_skipped`` (misses left to Triton's path, by reason), ``l2_walks`` (the first ``cache_key`` of each jit
+    function, kernel or helper, jitkey asked for in this process: ``replayed`` from the walk an earlier process
+    recorded, or ``walked`` by Triton; a helper that Triton's walk of its caller reaches is not counted), ``kept`` (kernels :func:`install` left to Triton, by reason: Triton's own, Inductor's)
+    and the ``busiest`` kernels by launches.
     """
     per_kernel = []
     for ks in registry():
@@ -323,6 +325,8 @@ def report(top: int = 10) -> dict[str, Any]:
     out = merge_reports(per_kernel, top)
     out["kernels"] = kernels_made()  # every kernel made, used or not (only used ones have statistics)
     out["kept"] = dict(kept)
+    walk = sys.modules.get("jitkey.triton._walk")  # imported by the L2's first lookup
+    out["l2_walks"] = {k: int(walk.counts[k]) if walk else 0 for k in ("replayed", "walked")}
     return out
 
 
@@ -336,6 +340,7 @@ def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
     launcher: dict[str, int] = {}
     unplanned: dict[str, int] = {}
     kept_: dict[str, int] = {}
+    walks = {"replayed": 0, "walked": 0}
     busiest: dict[str, dict[str, int]] = {}
     for r in reports:
         for k in out:
@@ -353,6 +358,9 @@ def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
             l2_skipped[why] = l2_skipped.get(why, 0) + n
         for why, n in r.get("kept", {}).items():  # a process's report has it, a kernel's does not
             kept_[why] = kept_.get(why, 0) + n
+        for k, n in r.get("l2_walks", {}).items():  # so has this
+            if k in walks:
+                walks[k] += n
         for b in r["busiest"]:
             d = busiest.setdefault(b["kernel"], {"launches": 0, "hits": 0, "misses": 0, "fallbacks": 0})
             for k in d:
@@ -366,6 +374,7 @@ def merge_reports(reports: list[dict[str, Any]], top: int) -> dict[str, Any]:
     out.update(l2)
     out["l2_skipped"] = dict(sorted(l2_skipped.items(), key=lambda kv: -kv[1]))
     out["kept"] = dict(sorted(kept_.items(), key=lambda kv: -kv[1]))
+    out["l2_walks"] = walks
     ranked = sorted(busiest.items(), key=lambda kv: -kv[1]["launches"])[:top]
     out["busiest"] = [{"kernel": name, **d} for name, d in ranked]
     return out

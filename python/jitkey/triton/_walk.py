@@ -29,6 +29,7 @@ import functools
 import hashlib
 import inspect
 import json
+from collections import Counter
 from types import ModuleType
 from typing import Any
 
@@ -191,6 +192,10 @@ def _finish(fn: Any, ret: str, used: dict[Any, Any], dialect: str) -> tuple[str,
 
 
 _walked: list[Any] = []  # functions whose restore failed (Triton walks them next): recorded by flush()
+#: This process's first ``cache_key``s of jit functions that jitkey asked for: ``replayed`` from a trace, or
+#: ``walked`` by Triton (no trace, or the replay stopped; a helper Triton's walk reaches by itself is not
+#: counted). ``jitkey.triton.report()["l2_walks"]``.
+counts: Counter[str] = Counter()
 
 
 def restore(fn: Any, dialect: str) -> bool:
@@ -214,6 +219,7 @@ def restore(fn: Any, dialect: str) -> bool:
             finally:
                 if not done:
                     fn.hash = None
+    counts["replayed" if done else "walked"] += 1
     if not done and len(_walked) < 4096:
         _walked.append(fn)
     return done
