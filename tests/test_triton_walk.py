@@ -204,10 +204,11 @@ def test_a_changed_source_takes_tritons_walk_and_its_callers_follow(scene: Scene
     assert again["kern"]["said"] is True and again["kern"]["parsed"] == ["twice"]
     assert again["kern"]["key"] != rec["kern"]["key"] and again["leaf"]["key"] == rec["leaf"]["key"]
     # Lines moved: the key holds the line, read live.
+    before = again["kern"]["key"]
     scene.edit("l2walk_kernels", "DT = tl.float16", "DT = tl.float16\n\n")
     again, plain = scene.run("replay"), scene.run("plain")
     assert_triton(again, plain)
-    assert again["kern"]["said"] is True
+    assert again["kern"]["said"] is True and again["kern"]["key"] != before
 
 
 def test_damaged_records_take_tritons_walk(scene: Scene) -> None:
@@ -220,3 +221,4 @@ def test_damaged_records_take_tritons_walk(scene: Scene) -> None:
     again = scene.run("replay")
     plain = scene.run("plain")
     assert_triton(again, plain)
+    assert any(again[n]["said"] is False for n in NAMES[:-1])  # the damage reached the traces: walked again

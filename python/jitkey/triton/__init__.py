@@ -288,18 +288,18 @@ def _native_current() -> dict[str, Any]:
 def report(top: int = 10) -> dict[str, Any]:
     """What every jitkey kernel of this process did (the fast-path report of ``jitkey.pytest_plugin``).
 
-    ``kernels``, ``launches`` (hits + misses + fallbacks), ``hits``, ``misses`` (Triton ran the call,
-    compiling if needed), ``fallbacks`` and ``fallback_reasons``, ``warm_fast_path`` (hits / (hits +
-    fallbacks): the share of launches that did not compile and took the fast path), ``driver_launches`` (hits,
-    and misses the L2 served, that jitkey packed and launched itself), ``launcher_reasons`` (hits a launch plan
-    declined and handed to Triton's launcher, by reason), ``unplanned_variants`` (compiled variants without a
-    launch plan, by reason: all their hits use Triton's launcher), ``l2_hits`` (misses served from jitkey's disk index: a kernel an earlier
-    process compiled, loaded without Triton's compile path), ``l2_misses`` (misses the index did not have: Triton
-    compiled or loaded them), ``l2_recorded`` (kernels Triton gave that were recorded for later processes),
-    ``l2_skipped`` (misses left to Triton's path, by reason), ``l2_walks`` (the first ``cache_key`` of each jit
-    function, kernel or helper, jitkey asked for in this process: ``replayed`` from the walk an earlier process
-    recorded, or ``walked`` by Triton; a helper that Triton's walk of its caller reaches is not counted), ``kept`` (kernels :func:`install` left to Triton, by reason: Triton's own, Inductor's)
-    and the ``busiest`` kernels by launches.
+    ``kernels``, ``launches`` (hits + misses + fallbacks), ``hits``, ``misses`` (Triton ran the call, compiling if
+    needed), ``fallbacks`` and ``fallback_reasons``, ``warm_fast_path`` (hits / (hits + fallbacks): the share of
+    launches that did not compile and took the fast path), ``driver_launches`` (hits, and misses the L2 served, that
+    jitkey packed and launched itself), ``launcher_reasons`` (hits a launch plan declined and handed to Triton's
+    launcher, by reason), ``unplanned_variants`` (compiled variants without a launch plan, by reason: all their hits
+    use Triton's launcher), ``l2_hits`` (misses served from jitkey's disk index: a kernel an earlier process
+    compiled, loaded without Triton's compile path), ``l2_misses`` (misses the index did not have: Triton compiled
+    or loaded them), ``l2_recorded`` (kernels Triton gave that were recorded for later processes), ``l2_skipped``
+    (misses left to Triton's path, by reason), ``l2_walks`` (the first ``cache_key`` of each jit function, kernel or
+    helper, jitkey asked for in this process: ``replayed`` from the walk an earlier process recorded, or ``walked``
+    by Triton; a helper that Triton's walk of its caller reaches is not counted), ``kept`` (kernels :func:`install`
+    left to Triton, by reason: Triton's own, Inductor's) and the ``busiest`` kernels by launches.
     """
     per_kernel = []
     for ks in registry():
