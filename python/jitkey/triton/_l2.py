@@ -299,14 +299,13 @@ def lookup(kernel: Any, launcher: Any, device: int, args: tuple[Any, ...], kwarg
         stats.l2_skipped[why] += 1
         return None
     try:
-        # Replayed from its recorded walk if this process has not hashed it yet (so are the jit functions the
-        # call passes, in launcher.key); a walk Triton made instead is recorded below (_record_walks).
-        content = cache_key(kernel)  # leaves the kernel as it was if it raises
-    except Exception as exc:  # Triton's own path computes it again and raises its error
-        stats.l2_skipped[f"not keyable for the L2 ({type(exc).__name__} from cache_key)"] += 1
-        _record_walks(kernel, dialect)
-        return None
-    try:
+        try:
+            # Replayed from its recorded walk if this process has not hashed it yet (so are the jit functions the
+            # call passes, in launcher.key); a walk Triton made instead is recorded below (_record_walks).
+            content = cache_key(kernel)  # leaves the kernel as it was if it raises
+        except Exception as exc:  # Triton's own path computes it again and raises its error
+            stats.l2_skipped[f"not keyable for the L2 ({type(exc).__name__} from cache_key)"] += 1
+            return None
         call_key = launcher.key(args, kwargs, device, persistent=True)
         # What JITFunction.run hands its binder and _pack_args: its knob reads added to the call's kwargs.
         kw = dict(kwargs)
